@@ -1,0 +1,59 @@
+"""Scheduling policies, one short file each, and the registry that finds them.
+
+Select one by name (``policy=fcfs``), by a dotted path to your own class
+(``policy.name=mypkg.mymod:MyPolicy``) or by a Hydra-style ``_target_``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import Any
+
+from testbed.core.policy import Policy
+
+REGISTRY: dict[str, str] = {
+    "fcfs": "policies.fcfs:FCFS",
+    "priority": "policies.priority:Priority",
+    "sjf": "policies.sjf:SJF",
+    "srpt": "policies.srpt:SRPT",
+    "cache_aware_sjf": "policies.cache_aware_sjf:CacheAwareSJF",
+    "edf": "policies.edf:EDF",
+    "vtc": "policies.vtc:VTC",
+    "mlfq": "policies.mlfq:MLFQ",
+}
+
+
+def _import(path: str) -> type[Policy]:
+    module, sep, attr = path.partition(":")
+    if not sep:
+        module, _, attr = path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ValueError(f"cannot import policy class {path!r}: {e}") from e
+    if not (isinstance(cls, type) and issubclass(cls, Policy)):
+        raise TypeError(f"{path!r} is not a subclass of testbed.core.Policy")
+    return cls
+
+
+def make_policy(spec: str | Mapping[str, Any] | Policy, **kwargs: Any) -> Policy:
+    """Build a policy from a name, a ``module:Class`` path, or a config mapping.
+
+    A mapping holds ``name`` (or ``_target_``) plus the constructor's arguments.
+    """
+    if isinstance(spec, Policy):
+        return spec
+    if isinstance(spec, Mapping):
+        args = {k: v for k, v in spec.items() if k not in ("name", "_target_")}
+        target = spec.get("_target_") or spec.get("name")
+        if target is None:
+            raise ValueError(f"policy config needs 'name' or '_target_': {dict(spec)}")
+        return make_policy(target, **args, **kwargs)
+    path = REGISTRY.get(spec, spec)
+    if path == spec and ":" not in spec and "." not in spec:
+        raise ValueError(f"unknown policy {spec!r}; known: {', '.join(sorted(REGISTRY))}")
+    return _import(path)(**kwargs)
+
+
+__all__ = ["REGISTRY", "make_policy"]

@@ -1,0 +1,117 @@
+"""The engine core: schedule, execute, update; one step at a time.
+
+Time is injected. ``clock`` returns the current time on the run's clock: the
+wall clock for a real engine, the simulation's clock for the simulator. A
+step's tokens are stamped at its end: ``start + latency_s`` when the executor
+predicts the latency (simulation), else the clock read after the step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from testbed.core.kv_cache import KVCacheManager
+from testbed.core.outputs import Executor, ExecutorOutput, SchedulerOutput
+from testbed.core.policy import Policy
+from testbed.core.request import Request
+from testbed.core.scheduler import Scheduler, SchedulerConfig
+
+
+class WallClock:
+    """Seconds since the clock was made, from ``time.perf_counter``."""
+
+    def __init__(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def __call__(self) -> float:
+        return time.perf_counter() - self._t0
+
+
+@dataclass(slots=True)
+class StepResult:
+    """One engine step, as ``steps.csv`` records it."""
+
+    step_id: int
+    start_s: float
+    latency_s: float
+    num_reqs: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_preempted: int
+    kv_usage: float
+    num_waiting: int
+    num_running: int
+    finished: list[Request] = field(default_factory=list)
+    scheduler_output: SchedulerOutput | None = None
+
+
+class EngineCore:
+    """Drives one engine instance: ``step()`` = schedule, execute, update."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        executor: Executor,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.scheduler = scheduler
+        self.executor = executor
+        self.clock = clock or WallClock()
+
+    @classmethod
+    def build(
+        cls,
+        executor: Executor,
+        policy: Policy,
+        num_blocks: int,
+        block_size: int = 16,
+        enable_prefix_caching: bool = True,
+        clock: Callable[[], float] | None = None,
+        **scheduler_config,
+    ) -> EngineCore:
+        """Make a scheduler, KV-cache manager and engine core in one call."""
+        kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
+        sched = Scheduler(SchedulerConfig(**scheduler_config), kv, policy)
+        return cls(sched, executor, clock)
+
+    def add_request(self, request: Request) -> bool:
+        """Queue a request that arrives now (its ``arrival_time`` is kept if set)."""
+        now = self.clock()
+        if not request.arrival_time:
+            request.arrival_time = now
+        return self.scheduler.add_request(request, now)
+
+    def abort_request(self, request_id: str) -> None:
+        self.scheduler.abort_request(request_id, self.clock())
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def step(self) -> StepResult:
+        """Run one step. With nothing to schedule, the executor is not called."""
+        sched = self.scheduler
+        start = self.clock()
+        out = sched.schedule(start)
+        kv_usage = sched.kv.usage  # what the step holds, before finished requests free
+        if out.requests or out.kv_loads or sched.loading:
+            result = self.executor.execute(out)
+            end = start + result.latency_s if result.latency_s is not None else self.clock()
+        else:
+            result, end = ExecutorOutput(sampled_token_ids=[]), start
+        finished = sched.update_from_output(out, result, end)
+        return StepResult(
+            step_id=out.step_id,
+            start_s=start,
+            latency_s=end - start,
+            num_reqs=len(out.requests),
+            num_prefill_tokens=out.num_prefill_tokens,
+            num_decode_tokens=out.num_decode_tokens,
+            num_preempted=len(out.preempted_req_ids),
+            kv_usage=kv_usage,
+            num_waiting=len(sched.waiting),
+            num_running=len(sched.running),
+            finished=finished,
+            scheduler_output=out,
+        )

@@ -1,0 +1,282 @@
+"""Paged KV-cache bookkeeping: blocks, the block pool and the KV-cache manager.
+
+The KV cache is cut into fixed-size blocks of ``block_size`` token slots. A
+request owns a list of blocks (its block table); blocks shared through the
+prefix cache are reference-counted.
+
+Prefix caching works on full blocks. A cached block is found by the key
+``(parent_id, content)``: ``content`` is the block's own tokens (see
+:meth:`Request.block_content`) and ``parent_id`` is the cache id of the block
+before it, so a key covers the whole prefix. Keys are compared by equality in a
+dict, so two different prefixes never share a block even if their hashes
+collide; cache ids are never reused, so a child of an evicted block can no
+longer be reached.
+
+Freed blocks go to a free pool: blocks without cached contents are reused
+first; cached blocks stay findable and are evicted least-recently-used, lazily,
+only when a block is reallocated.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+from testbed.core.request import Request
+
+ROOT_ID = 0  # the parent id of a request's first block
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheBlock:
+    """One block of KV slots. ``cache_key`` is set while its contents are findable."""
+
+    __slots__ = ("block_id", "cache_id", "cache_key", "ref_cnt")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.ref_cnt = 0
+        self.cache_key: tuple[int, Hashable] | None = None
+        self.cache_id = 0
+
+    def __repr__(self) -> str:
+        return f"KVCacheBlock({self.block_id}, ref={self.ref_cnt}, cached={self.cache_key is not None})"
+
+
+class BlockPool:
+    """All blocks, the free pool and the map from cache key to cached block."""
+
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
+        self.free_uncached: deque[KVCacheBlock] = deque(self.blocks)
+        # Free blocks whose contents are still findable, oldest-freed first.
+        self.free_cached: OrderedDict[int, KVCacheBlock] = OrderedDict()
+        self.cached: dict[tuple[int, Hashable], KVCacheBlock] = {}
+        self._next_cache_id = ROOT_ID + 1
+        self.num_evictions = 0
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_uncached) + len(self.free_cached)
+
+    def allocate(self, n: int) -> list[KVCacheBlock]:
+        """Take ``n`` free blocks (the caller has checked there are enough)."""
+        out = []
+        for _ in range(n):
+            if self.free_uncached:
+                block = self.free_uncached.popleft()
+            else:
+                _, block = self.free_cached.popitem(last=False)
+                self._evict(block)
+            block.ref_cnt = 1
+            out.append(block)
+        return out
+
+    def _evict(self, block: KVCacheBlock) -> None:
+        del self.cached[block.cache_key]
+        block.cache_key = None
+        block.cache_id = 0
+        self.num_evictions += 1
+
+    def touch(self, block: KVCacheBlock) -> None:
+        """Take a reference to a cached block found by a prefix hit."""
+        if block.ref_cnt == 0:
+            del self.free_cached[block.block_id]
+        block.ref_cnt += 1
+
+    def release(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Drop one reference to each block, in the order given (evicted last first)."""
+        for block in blocks:
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                if block.cache_key is None:
+                    self.free_uncached.append(block)
+                else:
+                    self.free_cached[block.block_id] = block
+            elif block.ref_cnt < 0:
+                raise AssertionError(f"{block} freed twice")
+
+    def register(self, block: KVCacheBlock, key: tuple[int, Hashable]) -> int:
+        """Make ``block`` findable under ``key``; returns the canonical block's cache id.
+
+        If another block already holds the same prefix (two requests computed it
+        at once), that one stays canonical and ``block`` stays private.
+        """
+        existing = self.cached.get(key)
+        if existing is not None:
+            return existing.cache_id
+        block.cache_key = key
+        block.cache_id = self._next_cache_id
+        self._next_cache_id += 1
+        self.cached[key] = block
+        return block.cache_id
+
+    def lookup(self, key: tuple[int, Hashable]) -> KVCacheBlock | None:
+        return self.cached.get(key)
+
+
+@dataclass(slots=True)
+class PrefixCacheStats:
+    """Counts in tokens over admitted requests (first admissions and resumptions)."""
+
+    queries: int = 0
+    hits: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
+
+
+class KVCacheManager:
+    """Allocates KV slots for requests, with hash-chained prefix caching.
+
+    The scheduler's interface: :meth:`get_computed_blocks` for a waiting
+    request's prefix hit, :meth:`allocate_slots` before every scheduled step of
+    a request (``None`` means no room: the scheduler's signal to preempt), and
+    :meth:`free` when a request finishes or is preempted.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = True):
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.pool = BlockPool(num_blocks)
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        # Per request: cache ids of its leading full blocks that are registered
+        # (their own or the canonical copy's); the last is the next block's parent.
+        self.req_to_chain: dict[str, list[int]] = {}
+        self.stats = PrefixCacheStats()
+
+    # --- queries ---
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks held by requests (free cached blocks count as free)."""
+        return 1.0 - self.pool.num_free_blocks / self.pool.num_blocks
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return cdiv(num_tokens, self.block_size)
+
+    def _match_prefix(self, request: Request) -> list[KVCacheBlock]:
+        # Never the whole prompt: the last token must be computed to sample from.
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        lookup, content = self.pool.lookup, request.block_content
+        parent, hits = ROOT_ID, []
+        for i in range(max_blocks):
+            c = content(i, self.block_size)
+            if c is None:
+                break
+            block = lookup((parent, c))
+            if block is None:
+                break
+            hits.append(block)
+            parent = block.cache_id
+        return hits
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """Cached blocks holding a prefix of the request, and how many tokens they cover.
+
+        Read-only: the blocks are referenced only by :meth:`allocate_slots`, and
+        the caller records the query in :attr:`stats` if it admits the request.
+        """
+        if not self.enable_prefix_caching:
+            return [], 0
+        hits = self._match_prefix(request)
+        return hits, len(hits) * self.block_size
+
+    # --- allocation ---
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        new_computed_blocks: Sequence[KVCacheBlock] = (),
+        num_lookahead_tokens: int = 0,
+    ) -> list[int] | None:
+        """Make room for ``num_new_tokens`` (+ lookahead) after the computed tokens.
+
+        ``new_computed_blocks`` are prefix hits from :meth:`get_computed_blocks`
+        for a request being admitted. Returns the ids of newly allocated blocks
+        (possibly empty), or None, changing nothing, when the free pool is too small.
+        """
+        req_id = request.request_id
+        blocks = self.req_to_blocks.get(req_id)
+        if blocks is None:
+            blocks = self.req_to_blocks[req_id] = []
+            self.req_to_chain[req_id] = []
+        bs = self.block_size
+        num_computed = request.num_computed_tokens + len(new_computed_blocks) * bs
+        num_required = -(-(num_computed + num_new_tokens + num_lookahead_tokens) // bs)
+        num_new_blocks = num_required - len(blocks) - len(new_computed_blocks)
+        if num_new_blocks > 0 or new_computed_blocks:
+            # Hit blocks that sit in the free pool leave it when referenced.
+            num_reviving = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+            if num_new_blocks > self.pool.num_free_blocks - num_reviving:
+                return None
+        if new_computed_blocks:
+            chain = self.req_to_chain[req_id]
+            for b in new_computed_blocks:
+                self.pool.touch(b)
+                blocks.append(b)
+                chain.append(b.cache_id)
+        new_ids: list[int] = []
+        if num_new_blocks > 0:
+            new_blocks = self.pool.allocate(num_new_blocks)
+            blocks.extend(new_blocks)
+            new_ids = [b.block_id for b in new_blocks]
+        return new_ids
+
+    def cache_blocks(self, request: Request) -> None:
+        """Make the request's full, computed blocks findable by later requests.
+
+        Called after a step has computed them (not at allocation), so that a
+        block is never findable before its KV is written, and a request
+        preempted before its step ran leaves nothing half-written in the cache.
+        """
+        chain = self.req_to_chain.get(request.request_id)
+        if chain is None or not self.enable_prefix_caching:
+            return
+        num_full = request.num_computed_tokens // self.block_size
+        if num_full <= len(chain):
+            return
+        blocks = self.req_to_blocks[request.request_id]
+        for i in range(len(chain), num_full):
+            content = request.block_content(i, self.block_size)
+            if content is None:
+                return
+            parent = chain[-1] if chain else ROOT_ID
+            chain.append(self.pool.register(blocks[i], (parent, content)))
+
+    def free(self, request: Request) -> None:
+        """Release the request's blocks (tail first, so shared heads are evicted last)."""
+        blocks = self.req_to_blocks.pop(request.request_id, None)
+        self.req_to_chain.pop(request.request_id, None)
+        if blocks:
+            self.pool.release(blocks[::-1])
+
+    def reset_prefix_cache(self) -> None:
+        """Forget all cached contents of free blocks (e.g. between experiments)."""
+        for block in list(self.pool.free_cached.values()):
+            self.pool._evict(block)
+            self.pool.free_uncached.append(block)
+        self.pool.free_cached.clear()

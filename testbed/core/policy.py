@@ -1,0 +1,142 @@
+"""The policy API: every choice the scheduler makes that is a matter of policy.
+
+A researcher subclasses :class:`Policy` in one short file under ``policies/``
+and overrides only what the policy changes:
+
+=====================  =====================================================
+``key(request, now)``  the order of the waiting queue (lower is served first)
+``admit(...)``         admit, defer or reject a waiting request
+``select_victim(...)`` which running request to preempt when KV runs out
+``token_cap(request)`` the most tokens a request may compute in one step
+``on_step(...)``       sees each finished step (fair-share counters, aging...)
+``on_arrival(...)``    sees each arriving request
+=====================  =====================================================
+
+Three class attributes tell the scheduler how expensive the policy is, so that
+the default path stays cheap: ``dynamic_key`` (the key changes while a request
+waits, so the queue is re-sorted every step instead of kept sorted),
+``reorder_running`` (running requests are also served in key order, when the
+token budget cannot cover them all) and ``preemptive`` (a waiting request that
+ranks before a running one may displace it when the batch or the cache is full).
+
+The scheduler holds the mechanism (budgets, blocks, preemption by recompute);
+the policy never touches those directly, it only ranks and decides.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from testbed.core.request import Request
+
+if TYPE_CHECKING:
+    from testbed.core.outputs import SchedulerOutput
+
+
+class Decision(enum.Enum):
+    ADMIT = "admit"
+    DEFER = "defer"  # stay in the queue; ask again next step
+    REJECT = "reject"  # never serve; the reason goes to requests.csv
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    decision: Decision
+    reason: str = ""
+
+
+ADMIT = Admission(Decision.ADMIT)
+
+
+class SchedulerView(Protocol):
+    """What a policy may read of the scheduler (read-only)."""
+
+    @property
+    def running(self) -> Sequence[Request]: ...
+
+    @property
+    def num_waiting(self) -> int: ...
+
+    @property
+    def kv_usage(self) -> float: ...
+
+    def prefix_hit_tokens(self, request: Request) -> int:
+        """Prompt tokens the prefix cache would serve now (no side effects)."""
+        ...
+
+
+# --- preemption victims -----------------------------------------------------
+def newest_first(candidates: Sequence[Request], policy: Policy, now: float) -> Request:
+    """The engines' default (vLLM, SGLang): the most recently arrived request."""
+    return max(candidates, key=lambda r: (r.arrival_time, r.arrival_seq))
+
+
+def least_computed_first(candidates: Sequence[Request], policy: Policy, now: float) -> Request:
+    """The request that loses the least work when recomputed."""
+    return min(candidates, key=lambda r: (r.num_computed_tokens, -r.arrival_seq))
+
+
+def lowest_rank_first(candidates: Sequence[Request], policy: Policy, now: float) -> Request:
+    """The request the policy itself ranks last (largest key)."""
+    return max(candidates, key=lambda r: (policy.key(r, now), r.arrival_seq))
+
+
+VICTIM_SELECTORS: dict[str, Callable[[Sequence[Request], Policy, float], Request]] = {
+    "newest": newest_first,
+    "least_computed": least_computed_first,
+    "lowest_rank": lowest_rank_first,
+}
+
+
+class Policy:
+    """Base class of scheduling policies; by itself, first-come first-served.
+
+    ``victim`` picks the preemption victim: ``"newest"`` (default),
+    ``"least_computed"`` or ``"lowest_rank"`` (the policy's own last-ranked).
+    """
+
+    name: ClassVar[str] = "base"
+    dynamic_key: ClassVar[bool] = False
+    reorder_running: ClassVar[bool] = False
+    preemptive: ClassVar[bool] = False
+    default_victim: ClassVar[str] = "newest"
+
+    def __init__(self, victim: str | None = None) -> None:
+        victim = victim or self.default_victim
+        if victim not in VICTIM_SELECTORS:
+            raise ValueError(f"unknown victim {victim!r}; choose from {sorted(VICTIM_SELECTORS)}")
+        self.victim = victim
+        self._select = VICTIM_SELECTORS[victim]
+        self.view: SchedulerView | None = None
+
+    def attach(self, view: SchedulerView) -> None:
+        """Called once by the scheduler that uses this policy."""
+        self.view = view
+
+    def key(self, request: Request, now: float) -> Any:
+        """Rank of a request: lower is served first. Ties go to earlier arrivals."""
+        return request.arrival_time
+
+    def admit(self, request: Request, now: float) -> Admission:
+        """Decide on the head-of-queue candidate before it gets KV blocks."""
+        return ADMIT
+
+    def select_victim(self, candidates: Sequence[Request], now: float) -> Request:
+        """Which of the running ``candidates`` to preempt (recompute later)."""
+        return self._select(candidates, self, now)
+
+    def token_cap(self, request: Request) -> int | None:
+        """The most tokens ``request`` may compute this step (None: no cap)."""
+        return None
+
+    def on_arrival(self, request: Request, now: float) -> None:
+        """Sees each request when it enters the waiting queue for the first time."""
+
+    def on_step(self, output: SchedulerOutput, finished: Sequence[Request], now: float) -> None:
+        """Sees each step after its tokens are accounted (for stateful policies)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(victim={self.victim!r})"

@@ -1,0 +1,401 @@
+"""The token-budget scheduler (the model of vLLM V1), driven by a policy.
+
+Each step hands every chosen request a number of new tokens so that its
+``num_computed_tokens`` catches up with its prompt + output (+ draft) tokens,
+within ``max_num_batched_tokens`` and ``max_num_seqs``. Running requests are
+served first, then waiting ones in the policy's order. Chunked prefill, prefix
+caching, mixed prefill/decode batches and speculative decoding all follow from
+this one rule. When the KV cache has no room, the policy's victim is preempted
+by recompute; no request is admitted in a step that preempted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from testbed.core.kv_cache import KVCacheManager
+from testbed.core.outputs import ExecutorOutput, SchedulerOutput
+from testbed.core.policy import Decision, Policy
+from testbed.core.queue import WaitingQueue
+from testbed.core.request import Request, RequestStatus
+
+RUNNING = RequestStatus.RUNNING
+_STOPPED = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH)
+STAND_IN_TOKEN = 0  # what a simulated data plane "samples"
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    """Limits of one engine instance (names as in vLLM)."""
+
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+    max_model_len: int = 4096
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0  # 0: no per-request cap
+    num_lookahead_tokens: int = 0  # KV slots reserved for drafts (speculative decoding)
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                "without chunked prefill, max_num_batched_tokens "
+                f"({self.max_num_batched_tokens}) must be >= max_model_len ({self.max_model_len})"
+            )
+
+
+class Scheduler:
+    """Chooses each step's batch; owns the waiting and running requests."""
+
+    def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, policy: Policy):
+        self.config = config
+        self.kv = kv_cache
+        self.policy = policy
+        self.waiting = WaitingQueue(policy)
+        self.running: list[Request] = []
+        self.loading: dict[str, Request] = {}  # waiting for KV from another instance
+        self.requests: dict[str, Request] = {}  # every unfinished request
+        self.num_preemptions = 0
+        self._step_id = 0
+        self._arrivals = 0
+        self._finished_ids: list[str] = []  # for the executor, in the next output
+        self._newly_finished: list[Request] = []  # returned by the next update
+        cls = type(policy)
+        self._has_admit = cls.admit is not Policy.admit
+        self._has_cap = cls.token_cap is not Policy.token_cap
+        self._has_on_step = cls.on_step is not Policy.on_step
+        policy.attach(self)
+
+    # --- the read-only view a policy gets ---
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv.usage
+
+    def prefix_hit_tokens(self, request: Request) -> int:
+        if request.num_computed_tokens:
+            return request.num_computed_tokens
+        return self.kv.get_computed_blocks(request)[1]
+
+    # --- arrivals ---
+    def add_request(self, request: Request, now: float) -> bool:
+        """Queue a new request; False if it can never be served (then it is rejected)."""
+        request.arrival_seq = self._arrivals
+        self._arrivals += 1
+        reason = self._never_fits(request)
+        if reason:
+            self._reject(request, reason, now)
+            return False
+        request.remote_kv_tokens = min(request.remote_kv_tokens, request.num_tokens - 1)
+        request.max_num_tokens = self._stop_num_tokens(request)
+        self.requests[request.request_id] = request
+        self.policy.on_arrival(request, now)
+        self.waiting.add(request, now)
+        return True
+
+    def _stop_num_tokens(self, request: Request) -> int:
+        max_out = request.max_output_tokens
+        limit = self.config.max_model_len
+        return limit if max_out is None else min(limit, request.num_prompt_tokens + max_out)
+
+    def _never_fits(self, request: Request) -> str | None:
+        n = request.num_prompt_tokens
+        if n < 1:
+            return "empty prompt"
+        if n > self.config.max_model_len:
+            return f"prompt of {n} tokens exceeds max_model_len={self.config.max_model_len}"
+        if request.request_id in self.requests:
+            return f"duplicate request id {request.request_id!r}"
+        need = self.kv.blocks_needed(self._stop_num_tokens(request) + self.config.num_lookahead_tokens)
+        if need > self.kv.num_blocks:
+            return f"needs {need} KV blocks but the cache has {self.kv.num_blocks}"
+        return None
+
+    def _reject(self, request: Request, reason: str, now: float) -> None:
+        request.status = RequestStatus.REJECTED
+        request.reject_reason = request.finish_reason = reason
+        request.finish_time = now
+        self._newly_finished.append(request)
+
+    def abort_request(self, request_id: str, now: float) -> None:
+        """Stop a request wherever it is (its blocks are freed)."""
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return
+        if req in self.running:
+            self.running.remove(req)
+        elif self.loading.pop(request_id, None) is None:
+            self.waiting.remove(req)
+        self.kv.free(req)
+        req.status = RequestStatus.FINISHED_ABORTED
+        req.finish_reason = "aborted"
+        req.finish_time = now
+        self._finished_ids.append(request_id)
+        self._newly_finished.append(req)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running or self.waiting or self.loading)
+
+    # --- scheduling ---
+    def schedule(self, now: float) -> SchedulerOutput:
+        out = SchedulerOutput(step_id=self._step_id)
+        self._step_id += 1
+        out.finished_req_ids, self._finished_ids = self._finished_ids, []
+        policy = self.policy
+        if policy.reorder_running and len(self.running) > 1:
+            self.running.sort(key=lambda r: (policy.key(r, now), r.arrival_seq))
+        budget = self._schedule_running(out, self.config.max_num_batched_tokens, now)
+        if not out.preempted_req_ids and policy.preemptive and self.waiting:
+            self._preempt_for_waiting(out, now)
+        if not out.preempted_req_ids and self.waiting:
+            self._schedule_waiting(out, budget, now)
+        for req, n in zip(out.requests, out.num_scheduled_tokens, strict=True):
+            req.num_computed_tokens += n
+        return out
+
+    def _num_new_tokens(self, req: Request, num_computed: int, budget: int) -> int:
+        n = req.num_tokens_with_spec - num_computed
+        cfg = self.config
+        if cfg.enable_chunked_prefill:
+            if 0 < cfg.long_prefill_token_threshold < n:
+                n = cfg.long_prefill_token_threshold
+            if self._has_cap:
+                cap = self.policy.token_cap(req)
+                if cap is not None and cap < n:
+                    n = max(1, cap)
+        return min(n, budget, cfg.max_model_len - num_computed)
+
+    def _add_to_output(self, out: SchedulerOutput, req: Request, n: int, new_ids: list[int]):
+        out.requests.append(req)
+        out.num_scheduled_tokens.append(n)
+        out.total_num_scheduled_tokens += n
+        if new_ids:
+            out.new_block_ids[req.request_id] = new_ids
+        spec = req.spec_token_ids
+        if spec:
+            # The budget may cut into the drafts: verify only those scheduled.
+            num_spec = req.num_computed_tokens + n - req.num_tokens
+            if num_spec < len(spec):
+                del spec[max(0, num_spec) :]
+            if spec:
+                out.spec_token_ids[req.request_id] = list(spec)
+        if _is_decode(req):
+            out.num_decode_tokens += n
+        else:
+            out.num_prefill_tokens += n
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int, now: float) -> int:
+        lookahead = self.config.num_lookahead_tokens
+        allocate = self.kv.allocate_slots
+        for req in list(self.running):
+            if budget <= 0:
+                break
+            if req.status is not RUNNING:  # preempted earlier in this loop
+                continue
+            n = self._num_new_tokens(req, req.num_computed_tokens, budget)
+            if n <= 0:
+                continue
+            while (new_ids := allocate(req, n, (), lookahead)) is None:
+                victim = self.policy.select_victim(self.running, now)
+                budget += self._preempt(victim, out, now)
+                if victim is req:
+                    break
+            if new_ids is not None:
+                self._add_to_output(out, req, n, new_ids)
+                budget -= n
+        return budget
+
+    def _preempt(self, victim: Request, out: SchedulerOutput, now: float) -> int:
+        """Preempt by recompute; returns the tokens it had been given this step."""
+        returned = 0
+        if out.requests and victim in out.requests:
+            i = next(i for i, r in enumerate(out.requests) if r is victim)
+            out.requests.pop(i)
+            returned = out.num_scheduled_tokens.pop(i)
+            out.total_num_scheduled_tokens -= returned
+            if _is_decode(victim):
+                out.num_decode_tokens -= returned
+            else:
+                out.num_prefill_tokens -= returned
+            out.new_block_ids.pop(victim.request_id, None)
+            out.spec_token_ids.pop(victim.request_id, None)
+            out.new_req_ids.discard(victim.request_id)
+        self.running.remove(victim)
+        self.kv.free(victim)
+        victim.status = RequestStatus.PREEMPTED
+        victim.num_computed_tokens = 0
+        victim.spec_token_ids.clear()
+        victim.remote_kv_tokens = 0  # recompute locally
+        victim.num_preemptions += 1
+        self.num_preemptions += 1
+        out.preempted_req_ids.append(victim.request_id)
+        self.waiting.add(victim, now)
+        return returned
+
+    def _preempt_for_waiting(self, out: SchedulerOutput, now: float) -> None:
+        """A preemptive policy: the best waiting request displaces the worst running one
+        when the batch is full or the cache has no room for the newcomer."""
+        if not self.running:
+            return
+        head = self.waiting.peek(now)
+        key = self.policy.key
+        worst = max(self.running, key=lambda r: (key(r, now), r.arrival_seq))
+        if (key(head, now), head.arrival_seq) >= (key(worst, now), worst.arrival_seq):
+            return
+        full = len(self.running) >= self.config.max_num_seqs
+        need = self.kv.blocks_needed(head.num_tokens) - self.kv.num_free_blocks
+        if full or need > 0:
+            self._preempt(worst, out, now)
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:
+        cfg, kv, policy = self.config, self.kv, self.policy
+        taken: list[int] = []
+        for pos, req in self.waiting.candidates(now):
+            if len(self.running) >= cfg.max_num_seqs or budget <= 0:
+                break
+            if self._has_admit:
+                admission = policy.admit(req, now)
+                if admission.decision is Decision.DEFER:
+                    continue
+                if admission.decision is Decision.REJECT:
+                    taken.append(pos)
+                    self.requests.pop(req.request_id)
+                    self._reject(req, admission.reason or f"rejected by {policy.name}", now)
+                    continue
+            if req.remote_kv_tokens and req.num_computed_tokens == 0:
+                if not self._start_kv_load(req, out, now):
+                    break
+                taken.append(pos)
+                continue
+            lookup = req.num_computed_tokens == 0  # else: its KV arrived from elsewhere
+            hits, num_hit = kv.get_computed_blocks(req) if lookup else ((), 0)
+            num_computed = req.num_computed_tokens + num_hit
+            if not cfg.enable_chunked_prefill and req.num_tokens - num_computed > budget:
+                continue
+            n = self._num_new_tokens(req, num_computed, budget)
+            if kv.allocate_slots(req, n, hits, cfg.num_lookahead_tokens) is None:
+                break  # no room: later requests wait too (no head-of-line bypass)
+            taken.append(pos)
+            if lookup:
+                kv.stats.queries += req.num_tokens
+                kv.stats.hits += num_hit
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = num_hit
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = now
+            req.num_computed_tokens = num_computed
+            req.status = RUNNING
+            self.running.append(req)
+            # The executor (re)builds this request's state: give it the whole table.
+            out.new_req_ids.add(req.request_id)
+            self._add_to_output(out, req, n, kv.get_block_ids(req.request_id))
+            budget -= n
+        if taken:
+            self.waiting.remove_positions(taken)
+
+    def _start_kv_load(self, req: Request, out: SchedulerOutput, now: float) -> bool:
+        """Give a request whose KV comes from another instance its blocks, and wait."""
+        if self.kv.allocate_slots(req, req.remote_kv_tokens) is None:
+            return False
+        req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+        if req.first_scheduled_time is None:
+            req.first_scheduled_time = now
+        self.loading[req.request_id] = req
+        out.kv_loads.append((req, self.kv.get_block_ids(req.request_id)))
+        return True
+
+    # --- after the step ---
+    def update_from_output(
+        self, out: SchedulerOutput, result: ExecutorOutput, now: float
+    ) -> list[Request]:
+        """Account a finished step: append sampled tokens, roll back rejected drafts,
+        stop finished requests and free them, stamp times at ``now`` (the step's end).
+        Returns the requests that finished (or were rejected) since the last update.
+        """
+        sampled = result.sampled_token_ids
+        accepted = result.num_accepted_drafts
+        drafts = result.draft_token_ids
+        cache = self.kv.enable_prefix_caching
+        finished = self._newly_finished
+        self._newly_finished = []
+        for i, req in enumerate(out.requests):
+            if req.status is not RUNNING:
+                continue  # aborted during the step
+            n_spec = len(req.spec_token_ids)
+            if req.num_computed_tokens >= req.num_tokens + n_spec:
+                if sampled is not None:
+                    tokens = sampled[i]
+                elif n_spec:
+                    tokens = [STAND_IN_TOKEN] * (1 + min(n_spec, (accepted or {}).get(req.request_id, 0)))
+                else:
+                    tokens = (STAND_IN_TOKEN,)
+                if n_spec:
+                    # Rejected drafts were computed for nothing: roll the count back.
+                    req.num_computed_tokens -= n_spec + 1 - len(tokens)
+                    req.num_draft_tokens += n_spec
+                    req.num_accepted_tokens += len(tokens) - 1
+                    req.spec_token_ids.clear()
+                if self._append_tokens(req, tokens, now):
+                    finished.append(req)
+                    continue
+                if drafts:
+                    req.spec_token_ids[:] = drafts.get(req.request_id, ())
+            if cache:
+                self.kv.cache_blocks(req)
+        if result.finished_recving:
+            for rid in result.finished_recving:
+                self._finish_kv_load(rid, now)
+        if finished:
+            self._retire(finished)
+        if self._has_on_step:
+            self.policy.on_step(out, finished, now)
+        return finished
+
+    def _append_tokens(self, req: Request, tokens, now: float) -> bool:
+        """Append sampled tokens; True if the request has finished."""
+        params = req.sampling_params
+        stop_at = req.max_num_tokens
+        out_ids, times = req.output_token_ids, req.token_times
+        if req.first_token_time is None:
+            req.first_token_time = now
+        for tok in tokens:
+            out_ids.append(tok)
+            times.append(now)
+            if (tok == req.eos_token_id and not params.ignore_eos) or tok in params.stop_token_ids:
+                req.status, req.finish_reason = RequestStatus.FINISHED_STOPPED, "stop"
+            elif req.num_prompt_tokens + len(out_ids) >= stop_at:
+                req.status, req.finish_reason = RequestStatus.FINISHED_LENGTH, "length"
+            else:
+                continue
+            req.finish_time = now
+            return True
+        return False
+
+    def _retire(self, finished: list[Request]) -> None:
+        # Rejected and aborted requests were taken out where that happened.
+        done = {id(r) for r in finished if r.status in _STOPPED}
+        if not done:
+            return
+        self.running = [r for r in self.running if id(r) not in done]
+        for req in finished:
+            if id(req) in done:
+                self.kv.free(req)
+                self.requests.pop(req.request_id, None)
+                self._finished_ids.append(req.request_id)
+
+    def _finish_kv_load(self, request_id: str, now: float) -> None:
+        req = self.loading.pop(request_id)
+        req.num_computed_tokens = req.remote_kv_tokens
+        req.status = RequestStatus.WAITING
+        self.kv.cache_blocks(req)
+        self.waiting.add(req, now)
+
+
+def _is_decode(req: Request) -> bool:
+    """Only the last sampled token (and drafts) is new: a decode, not a prefill chunk."""
+    return req.num_computed_tokens >= req.num_tokens - 1

@@ -1,0 +1,22 @@
+"""The test command: ``python -m tests`` (sets itself up on a fresh machine).
+
+Arguments go to pytest, e.g. ``python -m tests -k scheduler`` or
+``python -m tests -m "not slow"``.
+"""
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from testbed import bootstrap  # noqa: E402
+
+bootstrap.ensure(["-m", "tests", *sys.argv[1:]], with_dev=True)
+
+import os  # noqa: E402
+
+import pytest  # noqa: E402
+
+os.chdir(ROOT)
+sys.exit(pytest.main(sys.argv[1:]))

@@ -1,0 +1,205 @@
+"""Small factories for CPU-only control-plane tests (no model, no simulator).
+
+``FakeExecutor`` is a data plane in miniature: it keeps each block's token
+contents, writes every scheduled token into its slot, and checks on every step
+that the tokens a request attends to (its context) are exactly the request's
+own tokens. A prefix-cache hit on the wrong block, a block table that drifts
+from the manager's, or a computed count that runs ahead of what was written
+all fail there. It "samples" a deterministic token per (request, position), so
+a request's output does not depend on batching, and it can propose drafts.
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+
+from policies import make_policy
+from testbed.core import (
+    EngineCore,
+    ExecutorOutput,
+    KVCacheManager,
+    Request,
+    SamplingParams,
+    Scheduler,
+    SchedulerConfig,
+    SchedulerOutput,
+)
+
+VOCAB = 1000
+EOS = VOCAB - 1
+
+
+def true_token(request_id: str, position: int) -> int:
+    """The token the fake model samples at ``position`` (never EOS)."""
+    return zlib.crc32(f"{request_id}:{position}".encode()) % (VOCAB - 1)
+
+
+class ManualClock:
+    def __init__(self, t: float = 0.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def create_scheduler(
+    policy="fcfs",
+    num_blocks: int = 64,
+    block_size: int = 4,
+    enable_prefix_caching: bool = True,
+    **config,
+) -> Scheduler:
+    config.setdefault("max_num_batched_tokens", 64)
+    config.setdefault("max_num_seqs", 16)
+    config.setdefault("max_model_len", 256)
+    kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
+    return Scheduler(SchedulerConfig(**config), kv, make_policy(policy))
+
+
+def create_requests(
+    n: int,
+    prompt_len: int = 10,
+    output_len: int = 4,
+    prefix: list[int] | None = None,
+    start: int = 0,
+    seed: int = 0,
+    **fields,
+) -> list[Request]:
+    """Requests with random prompts (sharing ``prefix`` when given) that stop at
+    ``output_len`` tokens (the trace-replay convention: ignore_eos)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(start, start + n):
+        body = [rng.randrange(VOCAB - 1) for _ in range(prompt_len - len(prefix or []))]
+        out.append(
+            Request(
+                request_id=f"r{i}",
+                prompt_token_ids=(prefix or []) + body,
+                sampling_params=SamplingParams(max_tokens=output_len, ignore_eos=True),
+                eos_token_id=EOS,
+                **fields,
+            )
+        )
+    return out
+
+
+class FakeExecutor:
+    """Checks the KV contents every step; samples ``true_token``; may propose drafts."""
+
+    def __init__(
+        self,
+        kv: KVCacheManager,
+        num_drafts: int = 0,
+        draft_accuracy: float = 0.7,
+        latency_s: float = 0.01,
+        seed: int = 0,
+    ) -> None:
+        self.kv = kv
+        self.contents: dict[int, list[int | None]] = {}
+        self.tables: dict[str, list[int]] = {}
+        self.num_drafts = num_drafts
+        self.draft_accuracy = draft_accuracy
+        self.latency_s = latency_s
+        self.rng = random.Random(seed)
+        self.steps: list[SchedulerOutput] = []
+
+    def _slot(self, rid: str, pos: int) -> tuple[int, int]:
+        bs = self.kv.block_size
+        return self.tables[rid][pos // bs], pos % bs
+
+    def execute(self, so: SchedulerOutput) -> ExecutorOutput:
+        self.steps.append(so)
+        for rid in so.finished_req_ids + so.preempted_req_ids:
+            self.tables.pop(rid, None)
+        recvd = set()
+        for req, block_ids in so.kv_loads:  # a fake KV connector: the remote KV arrives
+            self.tables[req.request_id] = list(block_ids)
+            self._write(req, 0, req.remote_kv_tokens)
+            recvd.add(req.request_id)
+        sampled = []
+        for i, req in enumerate(so.requests):
+            rid = req.request_id
+            if rid in so.new_req_ids:
+                self.tables[rid] = list(so.new_block_ids.get(rid, []))
+            else:
+                self.tables[rid].extend(so.new_block_ids.get(rid, []))
+            assert self.tables[rid] == self.kv.get_block_ids(rid), "block tables drifted"
+            ctx, n = so.context_len(i), so.num_scheduled_tokens[i]
+            for pos in range(ctx):  # what attention reads must be this request's tokens
+                b, s = self._slot(rid, pos)
+                got = self.contents.get(b, [None] * self.kv.block_size)[s]
+                assert got == self._token_at(req, pos), f"{rid} pos {pos}: KV holds {got}"
+            self._write(req, ctx, ctx + n)
+            sampled.append(self._sample(req, so) if so.samples(i) else [])
+        drafts = None
+        if self.num_drafts:
+            drafts = {r.request_id: self._propose(r, s) for r, s in zip(so.requests, sampled) if s}
+        return ExecutorOutput(
+            sampled_token_ids=sampled,
+            latency_s=self.latency_s,
+            draft_token_ids=drafts,
+            finished_recving=recvd,
+        )
+
+    def _token_at(self, req: Request, pos: int) -> int:
+        n_prompt = req.num_prompt_tokens
+        if pos < n_prompt:
+            return req.prompt_token_ids[pos]
+        k = pos - n_prompt
+        if k < len(req.output_token_ids):
+            return req.output_token_ids[k]
+        return req.spec_token_ids[k - len(req.output_token_ids)]
+
+    def _write(self, req: Request, start: int, end: int) -> None:
+        for pos in range(start, end):
+            b, s = self._slot(req.request_id, pos)
+            self.contents.setdefault(b, [None] * self.kv.block_size)[s] = self._token_at(req, pos)
+
+    def _sample(self, req: Request, so: SchedulerOutput) -> list[int]:
+        """Verify drafts against the true tokens: accepted prefix + one more."""
+        base = req.num_tokens  # position of the first new token
+        out = []
+        for k, d in enumerate(so.spec_token_ids.get(req.request_id, [])):
+            t = true_token(req.request_id, base + k)
+            out.append(t)
+            if d != t:
+                return out
+        out.append(true_token(req.request_id, base + len(out)))
+        return out
+
+    def _propose(self, req: Request, sampled: list[int]) -> list[int]:
+        base = req.num_tokens + len(sampled)
+        return [
+            true_token(req.request_id, base + k)
+            if self.rng.random() < self.draft_accuracy
+            else (true_token(req.request_id, base + k) + 1) % (VOCAB - 1)
+            for k in range(self.num_drafts)
+        ]
+
+
+def create_engine(policy="fcfs", num_drafts: int = 0, **kwargs) -> tuple[EngineCore, FakeExecutor]:
+    if num_drafts:
+        kwargs.setdefault("num_lookahead_tokens", num_drafts)
+    sched = create_scheduler(policy, **kwargs)
+    ex = FakeExecutor(sched.kv, num_drafts=num_drafts)
+    return EngineCore(sched, ex, clock=ManualClock()), ex
+
+
+def run(engine: EngineCore, arrivals: list[tuple[float, Request]], max_steps: int = 10_000):
+    """Replay ``(time, request)`` arrivals on the engine's manual clock; return the steps."""
+    clock = engine.clock
+    pending = sorted(arrivals, key=lambda a: a[0])
+    steps = []
+    while pending or engine.has_unfinished_requests():
+        assert len(steps) < max_steps, "run did not finish in a bounded number of steps"
+        if pending and not engine.has_unfinished_requests():
+            clock.t = max(clock.t, pending[0][0])
+        while pending and pending[0][0] <= clock.t:
+            t, req = pending.pop(0)
+            req.arrival_time = t
+            engine.add_request(req)
+        res = engine.step()
+        clock.t = res.start_s + res.latency_s
+        steps.append(res)
+    return steps
