@@ -1,9 +1,10 @@
 """Small factories for CPU-only control-plane tests (no model, no simulator).
 
-``FakeExecutor`` is a data plane in miniature: it keeps each block's token
-contents, writes every scheduled token into its slot, and checks on every step
-that the tokens a request attends to (its context) are exactly the request's
-own tokens. A prefix-cache hit on the wrong block, a block table that drifts
+``FakeExecutor`` is a data plane in miniature: it keeps a stand-in "KV" value
+in each slot (a digest of the whole prefix up to that position, so that, as in
+a transformer, the same token after a different prefix has different KV),
+writes every scheduled token's value, and checks on every step that what a
+request attends to (its context) is exactly its own prefix's KV. A prefix-cache hit on the wrong block, a block table that drifts
 from the manager's, or a computed count that runs ahead of what was written
 all fail there. It "samples" a deterministic token per (request, position), so
 a request's output does not depend on batching, and it can propose drafts.
@@ -126,11 +127,7 @@ class FakeExecutor:
                 self.tables[rid].extend(so.new_block_ids.get(rid, []))
             assert self.tables[rid] == self.kv.get_block_ids(rid), "block tables drifted"
             ctx, n = so.context_len(i), so.num_scheduled_tokens[i]
-            for pos in range(ctx):  # what attention reads must be this request's tokens
-                b, s = self._slot(rid, pos)
-                got = self.contents.get(b, [None] * self.kv.block_size)[s]
-                assert got == self._token_at(req, pos), f"{rid} pos {pos}: KV holds {got}"
-            self._write(req, ctx, ctx + n)
+            self._attend_and_write(req, ctx, ctx + n)
             sampled.append(self._sample(req, so) if so.samples(i) else [])
         drafts = None
         if self.num_drafts:
@@ -151,10 +148,29 @@ class FakeExecutor:
             return req.output_token_ids[k]
         return req.spec_token_ids[k - len(req.output_token_ids)]
 
-    def _write(self, req: Request, start: int, end: int) -> None:
-        for pos in range(start, end):
+    def _kv_values(self, req: Request, end: int):
+        """Like a transformer's, the KV at a position depends on the whole prefix."""
+        digest = 0
+        for pos in range(end):
+            digest = zlib.crc32(self._token_at(req, pos).to_bytes(4, "little"), digest)
+            yield pos, digest
+
+    def _attend_and_write(self, req: Request, ctx: int, end: int) -> None:
+        """Check the context holds this request's KV, then write the new tokens' KV."""
+        empty = [None] * self.kv.block_size
+        for pos, value in self._kv_values(req, end):
             b, s = self._slot(req.request_id, pos)
-            self.contents.setdefault(b, [None] * self.kv.block_size)[s] = self._token_at(req, pos)
+            if pos < ctx:
+                got = self.contents.get(b, empty)[s]
+                assert got == value, f"{req.request_id} pos {pos}: KV of another prefix"
+            else:
+                self.contents.setdefault(b, list(empty))[s] = value
+
+    def _write(self, req: Request, start: int, end: int) -> None:
+        for pos, value in self._kv_values(req, end):
+            if pos >= start:
+                b, s = self._slot(req.request_id, pos)
+                self.contents.setdefault(b, [None] * self.kv.block_size)[s] = value
 
     def _sample(self, req: Request, so: SchedulerOutput) -> list[int]:
         """Verify drafts against the true tokens: accepted prefix + one more."""

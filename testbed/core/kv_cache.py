@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from testbed.core.request import Request
 
 ROOT_ID = 0  # the parent id of a request's first block
+_EMPTY: list = []  # stands for "no blocks yet"; never mutated
 
 
 def cdiv(a: int, b: int) -> int:
@@ -220,10 +221,7 @@ class KVCacheManager:
         (possibly empty), or None, changing nothing, when the free pool is too small.
         """
         req_id = request.request_id
-        blocks = self.req_to_blocks.get(req_id)
-        if blocks is None:
-            blocks = self.req_to_blocks[req_id] = []
-            self.req_to_chain[req_id] = []
+        blocks = self.req_to_blocks.get(req_id, _EMPTY)
         bs = self.block_size
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * bs
         num_required = -(-(num_computed + num_new_tokens + num_lookahead_tokens) // bs)
@@ -233,6 +231,9 @@ class KVCacheManager:
             num_reviving = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
             if num_new_blocks > self.pool.num_free_blocks - num_reviving:
                 return None
+        if blocks is _EMPTY:
+            blocks = self.req_to_blocks[req_id] = []
+            self.req_to_chain[req_id] = []
         if new_computed_blocks:
             chain = self.req_to_chain[req_id]
             for b in new_computed_blocks:

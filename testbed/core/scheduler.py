@@ -56,6 +56,7 @@ class Scheduler:
         self.waiting = WaitingQueue(policy)
         self.running: list[Request] = []
         self.loading: dict[str, Request] = {}  # waiting for KV from another instance
+        self.ready: list[Request] = []  # KV arrived, holding blocks, not yet running
         self.requests: dict[str, Request] = {}  # every unfinished request
         self.num_preemptions = 0
         self._step_id = 0
@@ -93,6 +94,12 @@ class Scheduler:
             return False
         request.remote_kv_tokens = min(request.remote_kv_tokens, request.num_tokens - 1)
         request.max_num_tokens = self._stop_num_tokens(request)
+        if request.output_token_ids and request.num_tokens >= request.max_num_tokens:
+            # Arrived complete (its prefill instance produced all it may produce).
+            request.status, request.finish_reason = RequestStatus.FINISHED_LENGTH, "length"
+            request.finish_time = now
+            self._newly_finished.append(request)
+            return True
         self.requests[request.request_id] = request
         self.policy.on_arrival(request, now)
         self.waiting.add(request, now)
@@ -127,8 +134,10 @@ class Scheduler:
         req = self.requests.pop(request_id, None)
         if req is None:
             return
-        if req in self.running:
+        if req.status is RUNNING:
             self.running.remove(req)
+        elif req in self.ready:
+            self.ready.remove(req)
         elif self.loading.pop(request_id, None) is None:
             self.waiting.remove(req)
         self.kv.free(req)
@@ -139,7 +148,7 @@ class Scheduler:
         self._newly_finished.append(req)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.running or self.waiting or self.loading)
+        return bool(self.running or self.waiting or self.loading or self.ready)
 
     # --- scheduling ---
     def schedule(self, now: float) -> SchedulerOutput:
@@ -152,7 +161,7 @@ class Scheduler:
         budget = self._schedule_running(out, self.config.max_num_batched_tokens, now)
         if not out.preempted_req_ids and policy.preemptive and self.waiting:
             self._preempt_for_waiting(out, now)
-        if not out.preempted_req_ids and self.waiting:
+        if not out.preempted_req_ids and (self.waiting or self.ready):
             self._schedule_waiting(out, budget, now)
         for req, n in zip(out.requests, out.num_scheduled_tokens, strict=True):
             req.num_computed_tokens += n
@@ -225,7 +234,8 @@ class Scheduler:
             out.new_block_ids.pop(victim.request_id, None)
             out.spec_token_ids.pop(victim.request_id, None)
             out.new_req_ids.discard(victim.request_id)
-        self.running.remove(victim)
+        if victim.status is RUNNING:
+            self.running.remove(victim)
         self.kv.free(victim)
         victim.status = RequestStatus.PREEMPTED
         victim.num_computed_tokens = 0
@@ -253,7 +263,20 @@ class Scheduler:
             self._preempt(worst, out, now)
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:
-        cfg, kv, policy = self.config, self.kv, self.policy
+        cfg, policy = self.config, self.policy
+        # Requests whose KV arrived hold their blocks already: they go first, or
+        # a waiting request could block them while they block it.
+        while self.ready and len(self.running) < cfg.max_num_seqs and budget > 0:
+            req = self.ready[0]
+            n = self._admit(req, out, budget, now)
+            if n is None:
+                if self.running or self.loading:
+                    return  # someone will free blocks
+                self.ready.pop(0)  # nobody will: give its blocks back, recompute later
+                self._preempt(req, out, now)
+                return
+            self.ready.pop(0)
+            budget -= n
         taken: list[int] = []
         for pos, req in self.waiting.candidates(now):
             if len(self.running) >= cfg.max_num_seqs or budget <= 0:
@@ -272,31 +295,41 @@ class Scheduler:
                     break
                 taken.append(pos)
                 continue
-            lookup = req.num_computed_tokens == 0  # else: its KV arrived from elsewhere
-            hits, num_hit = kv.get_computed_blocks(req) if lookup else ((), 0)
-            num_computed = req.num_computed_tokens + num_hit
-            if not cfg.enable_chunked_prefill and req.num_tokens - num_computed > budget:
-                continue
-            n = self._num_new_tokens(req, num_computed, budget)
-            if kv.allocate_slots(req, n, hits, cfg.num_lookahead_tokens) is None:
+            n = self._admit(req, out, budget, now)
+            if n == 0:
+                continue  # without chunked prefill, the prompt does not fit the budget
+            if n is None:
                 break  # no room: later requests wait too (no head-of-line bypass)
             taken.append(pos)
-            if lookup:
-                kv.stats.queries += req.num_tokens
-                kv.stats.hits += num_hit
-            if req.num_cached_tokens < 0:
-                req.num_cached_tokens = num_hit
-            if req.first_scheduled_time is None:
-                req.first_scheduled_time = now
-            req.num_computed_tokens = num_computed
-            req.status = RUNNING
-            self.running.append(req)
-            # The executor (re)builds this request's state: give it the whole table.
-            out.new_req_ids.add(req.request_id)
-            self._add_to_output(out, req, n, kv.get_block_ids(req.request_id))
             budget -= n
         if taken:
             self.waiting.remove_positions(taken)
+
+    def _admit(self, req: Request, out: SchedulerOutput, budget: int, now: float) -> int | None:
+        """Move a waiting request into the batch; the tokens it got, or None if no room."""
+        cfg, kv = self.config, self.kv
+        lookup = req.num_computed_tokens == 0  # else: its KV arrived from elsewhere
+        hits, num_hit = kv.get_computed_blocks(req) if lookup else ((), 0)
+        num_computed = req.num_computed_tokens + num_hit
+        if not cfg.enable_chunked_prefill and req.num_tokens - num_computed > budget:
+            return 0
+        n = self._num_new_tokens(req, num_computed, budget)
+        if kv.allocate_slots(req, n, hits, cfg.num_lookahead_tokens) is None:
+            return None
+        if lookup:
+            kv.stats.queries += req.num_tokens
+            kv.stats.hits += num_hit
+        if req.num_cached_tokens < 0:
+            req.num_cached_tokens = num_hit
+        if req.first_scheduled_time is None:
+            req.first_scheduled_time = now
+        req.num_computed_tokens = num_computed
+        req.status = RUNNING
+        self.running.append(req)
+        # The executor (re)builds this request's state: give it the whole table.
+        out.new_req_ids.add(req.request_id)
+        self._add_to_output(out, req, n, kv.get_block_ids(req.request_id))
+        return n
 
     def _start_kv_load(self, req: Request, out: SchedulerOutput, now: float) -> bool:
         """Give a request whose KV comes from another instance its blocks, and wait."""
@@ -393,7 +426,7 @@ class Scheduler:
         req.num_computed_tokens = req.remote_kv_tokens
         req.status = RequestStatus.WAITING
         self.kv.cache_blocks(req)
-        self.waiting.add(req, now)
+        self.ready.append(req)
 
 
 def _is_decode(req: Request) -> bool:

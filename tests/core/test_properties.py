@@ -1,0 +1,119 @@
+"""Random workloads through the scheduler, with the invariants checked at every step.
+
+The fake executor already checks, on every step, that each request's context
+in the KV cache holds exactly its own tokens (so every prefix-cache hit returns
+blocks whose contents equal the request's tokens) and that its block table
+matches the manager's. Here we add the bookkeeping invariants.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from policies import REGISTRY, make_policy
+from testbed.core import Request, RequestStatus, SamplingParams
+from tests.factories import EOS, VOCAB, create_engine, run
+
+
+def check_invariants(sched, so) -> None:
+    cfg, kv = sched.config, sched.kv
+    assert so.total_num_scheduled_tokens == sum(so.num_scheduled_tokens)
+    assert so.total_num_scheduled_tokens <= cfg.max_num_batched_tokens
+    assert len(so.requests) <= cfg.max_num_seqs and len(sched.running) <= cfg.max_num_seqs
+    assert len({id(r) for r in so.requests}) == len(so.requests)
+    assert all(n > 0 for n in so.num_scheduled_tokens)
+    # Reference counts equal the number of block tables holding each block.
+    holders = Counter(b.block_id for blocks in kv.req_to_blocks.values() for b in blocks)
+    for block in kv.pool.blocks:
+        assert block.ref_cnt == holders.get(block.block_id, 0), block
+    # The free pool holds each unreferenced block exactly once, and nothing else.
+    free = [b.block_id for b in kv.pool.free_uncached] + list(kv.pool.free_cached)
+    assert len(free) == len(set(free))
+    assert set(free) == {b.block_id for b in kv.pool.blocks if b.ref_cnt == 0}
+    assert all(b.cache_key is None for b in kv.pool.free_uncached)
+    assert all(b.cache_key is not None for b in kv.pool.free_cached.values())
+    for key, block in kv.pool.cached.items():
+        assert block.cache_key == key
+    # Only live requests hold blocks, and each holds enough for its computed tokens.
+    live = {r.request_id: r for r in [*sched.running, *sched.ready]} | sched.loading
+    assert set(kv.req_to_blocks) <= set(live)
+    for rid, r in live.items():
+        assert len(kv.req_to_blocks[rid]) * kv.block_size >= r.num_computed_tokens
+
+
+@st.composite
+def workloads(draw):
+    block_size = draw(st.sampled_from([1, 2, 4, 8]))
+    chunked = draw(st.booleans())
+    budget = draw(st.integers(4, 64))
+    cfg = dict(
+        num_blocks=draw(st.integers(4, 48)),
+        block_size=block_size,
+        enable_prefix_caching=draw(st.booleans()),
+        enable_chunked_prefill=chunked,
+        max_num_batched_tokens=budget,
+        max_num_seqs=draw(st.integers(1, 8)),
+        max_model_len=draw(st.integers(8, 96)) if chunked else budget,
+        long_prefill_token_threshold=draw(st.sampled_from([0, 0, 3, 7])),
+    )
+    name = draw(st.sampled_from(sorted(REGISTRY)))
+    victim = draw(st.sampled_from([None, "newest", "least_computed", "lowest_rank"]))
+    prefixes = [draw(st.lists(st.integers(0, VOCAB - 2), min_size=1, max_size=24))
+                for _ in range(2)]
+    n = draw(st.integers(1, 10))
+    arrivals = []
+    for i in range(n):
+        prefix = draw(st.sampled_from([[], *prefixes]))
+        body = draw(st.lists(st.integers(0, VOCAB - 2), min_size=0, max_size=30))
+        prompt = (prefix + body) or [1]
+        out_len = draw(st.integers(1, 16))
+        req = Request(
+            request_id=f"q{i}",
+            prompt_token_ids=prompt,
+            sampling_params=SamplingParams(max_tokens=out_len, ignore_eos=True),
+            eos_token_id=EOS,
+            tenant=draw(st.sampled_from(["a", "b"])),
+            priority=draw(st.integers(0, 2)),
+            ttft_slo_s=draw(st.sampled_from([None, 0.05, 0.5])),
+        )
+        if draw(st.integers(0, 9)) == 0:  # now and then a decode-side P/D request
+            req.output_token_ids.append(draw(st.integers(0, VOCAB - 2)))
+            req.remote_kv_tokens = len(prompt)
+        arrivals.append((draw(st.integers(0, 20)) * 0.01, req))
+    num_drafts = draw(st.sampled_from([0, 0, 2]))
+    return cfg, make_policy(name, victim=victim), arrivals, num_drafts
+
+
+# TESTBED_PROPERTY_EXAMPLES=5000 python -m tests -k properties: a deeper search.
+@settings(max_examples=int(os.environ.get("TESTBED_PROPERTY_EXAMPLES", "300")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads())
+def test_random_workloads_keep_every_invariant(workload):
+    cfg, policy, arrivals, num_drafts = workload
+    engine, executor = create_engine(policy, num_drafts=num_drafts, **cfg)
+    sched = engine.scheduler
+    original_step = engine.step
+
+    def checked_step():
+        res = original_step()
+        check_invariants(sched, res.scheduler_output)
+        return res
+
+    engine.step = checked_step
+    total_tokens = sum(r.num_prompt_tokens + r.sampling_params.max_tokens for _, r in arrivals)
+    run(engine, arrivals, max_steps=50 * total_tokens + 100)
+    for _, r in arrivals:
+        assert r.is_finished, r
+        if r.status is RequestStatus.REJECTED:
+            assert r.reject_reason
+        else:
+            assert r.status is RequestStatus.FINISHED_LENGTH
+            assert r.num_output_tokens == r.sampling_params.max_tokens or (
+                r.num_tokens >= sched.config.max_model_len
+            )
+    # Everything is released at the end.
+    assert sched.kv.num_free_blocks == sched.kv.num_blocks
+    assert not sched.kv.req_to_blocks and not sched.requests
