@@ -32,8 +32,17 @@ VENV = ROOT / ".venv"
 CPU_TORCH = "torch==2.13.0"
 # Import names that must be present for the project to run (and to test).
 REQUIRED_MODULES = (
-    "torch", "numpy", "pandas", "simpy", "hydra", "omegaconf", "safetensors",
-    "transformers", "matplotlib", "tqdm", "wandb",
+    "torch",
+    "numpy",
+    "pandas",
+    "simpy",
+    "hydra",
+    "omegaconf",
+    "safetensors",
+    "transformers",
+    "matplotlib",
+    "tqdm",
+    "wandb",
 )
 TEST_MODULES = ("pytest", "hypothesis")
 

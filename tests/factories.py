@@ -4,9 +4,10 @@
 in each slot (a digest of the whole prefix up to that position, so that, as in
 a transformer, the same token after a different prefix has different KV),
 writes every scheduled token's value, and checks on every step that what a
-request attends to (its context) is exactly its own prefix's KV. A prefix-cache hit on the wrong block, a block table that drifts
-from the manager's, or a computed count that runs ahead of what was written
-all fail there. It "samples" a deterministic token per (request, position), so
+request attends to (its context) is exactly its own prefix's KV. A
+prefix-cache hit on the wrong block, a block table that drifts from the
+manager's, or a computed count that runs ahead of what was written all fail
+there. It "samples" a deterministic token per (request, position), so
 a request's output does not depend on batching, and it can propose drafts.
 """
 

@@ -45,7 +45,8 @@ class KVCacheBlock:
         self.cache_id = 0
 
     def __repr__(self) -> str:
-        return f"KVCacheBlock({self.block_id}, ref={self.ref_cnt}, cached={self.cache_key is not None})"
+        cached = self.cache_key is not None
+        return f"KVCacheBlock({self.block_id}, ref={self.ref_cnt}, cached={cached})"
 
 
 class BlockPool:

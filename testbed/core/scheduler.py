@@ -118,7 +118,9 @@ class Scheduler:
             return f"prompt of {n} tokens exceeds max_model_len={self.config.max_model_len}"
         if request.request_id in self.requests:
             return f"duplicate request id {request.request_id!r}"
-        need = self.kv.blocks_needed(self._stop_num_tokens(request) + self.config.num_lookahead_tokens)
+        need = self.kv.blocks_needed(
+            self._stop_num_tokens(request) + self.config.num_lookahead_tokens
+        )
         if need > self.kv.num_blocks:
             return f"needs {need} KV blocks but the cache has {self.kv.num_blocks}"
         return None
@@ -360,11 +362,13 @@ class Scheduler:
             if req.status is not RUNNING:
                 continue  # aborted during the step
             n_spec = len(req.spec_token_ids)
-            if req.num_computed_tokens >= req.num_tokens + n_spec:
+            samples = req.num_computed_tokens >= req.num_tokens + n_spec
+            if samples:
                 if sampled is not None:
                     tokens = sampled[i]
                 elif n_spec:
-                    tokens = [STAND_IN_TOKEN] * (1 + min(n_spec, (accepted or {}).get(req.request_id, 0)))
+                    n_ok = min(n_spec, (accepted or {}).get(req.request_id, 0))
+                    tokens = [STAND_IN_TOKEN] * (1 + n_ok)
                 else:
                     tokens = (STAND_IN_TOKEN,)
                 if n_spec:
@@ -373,13 +377,13 @@ class Scheduler:
                     req.num_draft_tokens += n_spec
                     req.num_accepted_tokens += len(tokens) - 1
                     req.spec_token_ids.clear()
+            if cache:  # before a finished request frees its blocks
+                self.kv.cache_blocks(req)
+            if samples:
                 if self._append_tokens(req, tokens, now):
                     finished.append(req)
-                    continue
-                if drafts:
+                elif drafts:
                     req.spec_token_ids[:] = drafts.get(req.request_id, ())
-            if cache:
-                self.kv.cache_blocks(req)
         if result.finished_recving:
             for rid in result.finished_recving:
                 self._finish_kv_load(rid, now)

@@ -62,8 +62,9 @@ def workloads(draw):
     )
     name = draw(st.sampled_from(sorted(REGISTRY)))
     victim = draw(st.sampled_from([None, "newest", "least_computed", "lowest_rank"]))
-    prefixes = [draw(st.lists(st.integers(0, VOCAB - 2), min_size=1, max_size=24))
-                for _ in range(2)]
+    prefixes = [
+        draw(st.lists(st.integers(0, VOCAB - 2), min_size=1, max_size=24)) for _ in range(2)
+    ]
     n = draw(st.integers(1, 10))
     arrivals = []
     for i in range(n):
@@ -89,7 +90,11 @@ def workloads(draw):
 
 
 # TESTBED_PROPERTY_EXAMPLES=5000 python -m tests -k properties: a deeper search.
-@settings(max_examples=int(os.environ.get("TESTBED_PROPERTY_EXAMPLES", "300")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=int(os.environ.get("TESTBED_PROPERTY_EXAMPLES", "300")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(workloads())
 def test_random_workloads_keep_every_invariant(workload):
     cfg, policy, arrivals, num_drafts = workload

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from policies.fcfs import FCFS
-
 from testbed.core import ExecutorOutput, Request, RequestStatus, SamplingParams
 from tests.factories import EOS, create_engine, create_requests, create_scheduler, run
 
@@ -58,8 +57,9 @@ def test_long_prefill_threshold_caps_chunks():
 
 
 def test_without_chunked_prefill_prompts_go_whole_or_wait():
-    s = create_scheduler(enable_chunked_prefill=False, max_num_batched_tokens=256,
-                         max_model_len=256, num_blocks=256)
+    s = create_scheduler(
+        enable_chunked_prefill=False, max_num_batched_tokens=256, max_model_len=256, num_blocks=256
+    )
     a, b = create_requests(2, prompt_len=150)
     s.add_request(a, 0)
     s.add_request(b, 0)
@@ -92,8 +92,9 @@ def test_preemption_frees_the_newest_and_blocks_admission_that_step():
 
 
 def test_preempted_request_resumes_with_its_output_recomputed():
-    eng, ex = create_engine(num_blocks=8, block_size=4, enable_prefix_caching=False,
-                            max_num_batched_tokens=32)
+    eng, ex = create_engine(
+        num_blocks=8, block_size=4, enable_prefix_caching=False, max_num_batched_tokens=32
+    )
     reqs = create_requests(3, prompt_len=8, output_len=6)
     steps = run(eng, [(0.0, r) for r in reqs])
     assert sum(st.num_preempted for st in steps) > 0
@@ -103,8 +104,9 @@ def test_preempted_request_resumes_with_its_output_recomputed():
 
 @pytest.mark.parametrize("victim, expected", [("newest", "r1"), ("least_computed", "r2")])
 def test_victim_choice(victim, expected):
-    s = create_scheduler(FCFS(victim=victim), num_blocks=6, block_size=4,
-                         enable_prefix_caching=False)
+    s = create_scheduler(
+        FCFS(victim=victim), num_blocks=6, block_size=4, enable_prefix_caching=False
+    )
     a, b = create_requests(2, prompt_len=8, output_len=12)
     c = create_requests(1, prompt_len=4, output_len=20, start=2)[0]
     for r in (c, a, b):  # c arrives first but has computed the least
@@ -134,16 +136,34 @@ def test_requests_that_can_never_fit_are_rejected_with_a_reason():
 
 def test_stop_conditions():
     s = create_scheduler(max_model_len=12)
-    eos = Request(request_id="eos", prompt_token_ids=[1, 2], eos_token_id=EOS,
-                  sampling_params=SamplingParams(max_tokens=10))
-    ign = Request(request_id="ign", prompt_token_ids=[1, 2], eos_token_id=EOS,
-                  sampling_params=SamplingParams(max_tokens=3, ignore_eos=True))
-    stop = Request(request_id="stop", prompt_token_ids=[1, 2],
-                   sampling_params=SamplingParams(max_tokens=10, stop_token_ids=(5,)))
-    trace = Request(request_id="trace", num_prompt_tokens=2, target_output_tokens=2,
-                    sampling_params=SamplingParams(max_tokens=None, ignore_eos=True))
-    ctx = Request(request_id="ctx", prompt_token_ids=list(range(10)),
-                  sampling_params=SamplingParams(max_tokens=None))
+    eos = Request(
+        request_id="eos",
+        prompt_token_ids=[1, 2],
+        eos_token_id=EOS,
+        sampling_params=SamplingParams(max_tokens=10),
+    )
+    ign = Request(
+        request_id="ign",
+        prompt_token_ids=[1, 2],
+        eos_token_id=EOS,
+        sampling_params=SamplingParams(max_tokens=3, ignore_eos=True),
+    )
+    stop = Request(
+        request_id="stop",
+        prompt_token_ids=[1, 2],
+        sampling_params=SamplingParams(max_tokens=10, stop_token_ids=(5,)),
+    )
+    trace = Request(
+        request_id="trace",
+        num_prompt_tokens=2,
+        target_output_tokens=2,
+        sampling_params=SamplingParams(max_tokens=None, ignore_eos=True),
+    )
+    ctx = Request(
+        request_id="ctx",
+        prompt_token_ids=list(range(10)),
+        sampling_params=SamplingParams(max_tokens=None),
+    )
     for r in (eos, ign, stop, trace, ctx):
         s.add_request(r, 0)
     _, fin = step(s, tokens={"eos": [EOS], "ign": [EOS], "stop": [4]})
@@ -179,6 +199,17 @@ def test_prefix_cache_hits_count_and_skip_compute():
     so, _ = step(s)
     assert b.num_cached_tokens == 12 and scheduled(so)["r1"] == 2
     assert s.kv.stats.hits == 12 and s.kv.stats.queries == 28
+
+
+def test_blocks_computed_in_a_requests_last_step_stay_cached():
+    s = create_scheduler(num_blocks=32, block_size=4)
+    a, b = create_requests(2, prompt_len=13, output_len=1, prefix=list(range(12)))
+    s.add_request(a, 0)
+    _, finished = step(s)  # whole prompt and the only token in one step
+    assert finished == [a] and s.kv.num_free_blocks == 32
+    s.add_request(b, 0)
+    step(s)
+    assert b.num_cached_tokens == 12
 
 
 def test_speculative_decoding_budget_lookahead_and_rollback():
