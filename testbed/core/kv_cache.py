@@ -27,6 +27,7 @@ from testbed.core.request import Request
 
 ROOT_ID = 0  # the parent id of a request's first block
 _EMPTY: list = []  # stands for "no blocks yet"; never mutated
+_NO_NEW_BLOCKS: list[int] = []  # allocate_slots' answer when no block was added; never mutated
 
 
 def cdiv(a: int, b: int) -> int:
@@ -224,6 +225,10 @@ class KVCacheManager:
         req_id = request.request_id
         blocks = self.req_to_blocks.get(req_id, _EMPTY)
         bs = self.block_size
+        if not new_computed_blocks and (
+            request.num_computed_tokens + num_new_tokens + num_lookahead_tokens <= len(blocks) * bs
+        ):
+            return _NO_NEW_BLOCKS  # the common decode step: the last block has room
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * bs
         num_required = -(-(num_computed + num_new_tokens + num_lookahead_tokens) // bs)
         num_new_blocks = num_required - len(blocks) - len(new_computed_blocks)
@@ -256,10 +261,10 @@ class KVCacheManager:
         preempted before its step ran leaves nothing half-written in the cache.
         """
         chain = self.req_to_chain.get(request.request_id)
-        if chain is None or not self.enable_prefix_caching:
+        if chain is None:
             return
         num_full = request.num_computed_tokens // self.block_size
-        if num_full <= len(chain):
+        if num_full <= len(chain) or not self.enable_prefix_caching:
             return
         blocks = self.req_to_blocks[request.request_id]
         for i in range(len(chain), num_full):

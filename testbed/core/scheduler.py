@@ -188,14 +188,15 @@ class Scheduler:
         if new_ids:
             out.new_block_ids[req.request_id] = new_ids
         spec = req.spec_token_ids
+        num_tokens = req.num_prompt_tokens + len(req.output_token_ids)
         if spec:
             # The budget may cut into the drafts: verify only those scheduled.
-            num_spec = req.num_computed_tokens + n - req.num_tokens
+            num_spec = req.num_computed_tokens + n - num_tokens
             if num_spec < len(spec):
                 del spec[max(0, num_spec) :]
             if spec:
                 out.spec_token_ids[req.request_id] = list(spec)
-        if _is_decode(req):
+        if req.num_computed_tokens >= num_tokens - 1:  # only the last token (+ drafts)
             out.num_decode_tokens += n
         else:
             out.num_prefill_tokens += n
@@ -208,9 +209,15 @@ class Scheduler:
                 break
             if req.status is not RUNNING:  # preempted earlier in this loop
                 continue
-            n = self._num_new_tokens(req, req.num_computed_tokens, budget)
-            if n <= 0:
-                continue
+            computed = req.num_computed_tokens
+            n = (
+                req.num_prompt_tokens
+                + len(req.output_token_ids)
+                + len(req.spec_token_ids)
+                - computed
+            )
+            if n > 1:  # a plain decode (n == 1) needs no caps
+                n = self._num_new_tokens(req, computed, budget)
             while (new_ids := allocate(req, n, (), lookahead)) is None:
                 victim = self.policy.select_victim(self.running, now)
                 budget += self._preempt(victim, out, now)
@@ -229,7 +236,7 @@ class Scheduler:
             out.requests.pop(i)
             returned = out.num_scheduled_tokens.pop(i)
             out.total_num_scheduled_tokens -= returned
-            if _is_decode(victim):
+            if victim.num_computed_tokens >= victim.num_tokens - 1:
                 out.num_decode_tokens -= returned
             else:
                 out.num_prefill_tokens -= returned
@@ -362,7 +369,10 @@ class Scheduler:
             if req.status is not RUNNING:
                 continue  # aborted during the step
             n_spec = len(req.spec_token_ids)
-            samples = req.num_computed_tokens >= req.num_tokens + n_spec
+            samples = (
+                req.num_computed_tokens
+                >= req.num_prompt_tokens + len(req.output_token_ids) + n_spec
+            )
             if samples:
                 if sampled is not None:
                     tokens = sampled[i]
@@ -400,10 +410,12 @@ class Scheduler:
         out_ids, times = req.output_token_ids, req.token_times
         if req.first_token_time is None:
             req.first_token_time = now
+        eos = None if params.ignore_eos else req.eos_token_id
+        stops = params.stop_token_ids
         for tok in tokens:
             out_ids.append(tok)
             times.append(now)
-            if (tok == req.eos_token_id and not params.ignore_eos) or tok in params.stop_token_ids:
+            if tok == eos or (stops and tok in stops):
                 req.status, req.finish_reason = RequestStatus.FINISHED_STOPPED, "stop"
             elif req.num_prompt_tokens + len(out_ids) >= stop_at:
                 req.status, req.finish_reason = RequestStatus.FINISHED_LENGTH, "length"
@@ -431,8 +443,3 @@ class Scheduler:
         req.status = RequestStatus.WAITING
         self.kv.cache_blocks(req)
         self.ready.append(req)
-
-
-def _is_decode(req: Request) -> bool:
-    """Only the last sampled token (and drafts) is new: a decode, not a prefill chunk."""
-    return req.num_computed_tokens >= req.num_tokens - 1
