@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from policies import make_policy  # noqa: E402
-from testbed.core import (  # noqa: E402
+from policies import make_policy
+from testbed.core import (
     ExecutorOutput,
     KVCacheManager,
     Request,
@@ -134,7 +134,8 @@ def main() -> None:
     for r in rows:
         print(
             f"{r['policy']:8} {r['running']:>8} {r['us_per_step']:>10.1f} "
-            f"{r['us_per_request']:>8.2f} {r['floor_us_per_step']:>9.1f} {r['ratio_to_floor']:>8.2f}"
+            f"{r['us_per_request']:>8.2f} {r['floor_us_per_step']:>9.1f} "
+            f"{r['ratio_to_floor']:>8.2f}"
         )
     meta = dict(
         benchmark="control_plane",
