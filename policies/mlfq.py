@@ -63,18 +63,27 @@ class MLFQ(Policy):
         return (self.level.get(rid, 0), request.arrival_time)
 
     def on_step(self, output: SchedulerOutput, finished: Sequence[Request], now: float) -> None:
-        last = len(self.quanta) - 1
         for i, req in enumerate(output.requests):
-            rid = req.request_id
-            if rid not in self.level:
-                continue
             n = output.num_scheduled_tokens[i]
             prompt_part = min(n, max(0, req.num_prompt_tokens - output.context_len(i)))
-            self.used[rid] += prompt_part / self.prefill_tokens_per_unit + (n - prompt_part)
-            self.last_served[rid] = now
-            while self.level[rid] < last and self.used[rid] >= self.quanta[self.level[rid]]:
-                self.used[rid] -= self.quanta[self.level[rid]]
-                self.level[rid] += 1
+            self._serve(req, prompt_part / self.prefill_tokens_per_unit + (n - prompt_part), now)
         for req in finished:
             for table in (self.level, self.used, self.last_served):
                 table.pop(req.request_id, None)
+
+    def on_decode_steps(self, requests: Sequence[Request], num_steps: int, now: float) -> None:
+        for req in requests:  # one unit at a time: the same float sums as step by step
+            for _ in range(num_steps):
+                self._serve(req, 1.0, now)
+
+    def _serve(self, req: Request, units: float, now: float) -> None:
+        """Charge service to the request's level; demote for each quantum used up."""
+        rid = req.request_id
+        if rid not in self.level:
+            return
+        self.used[rid] += units
+        self.last_served[rid] = now
+        last = len(self.quanta) - 1
+        while self.level[rid] < last and self.used[rid] >= self.quanta[self.level[rid]]:
+            self.used[rid] -= self.quanta[self.level[rid]]
+            self.level[rid] += 1

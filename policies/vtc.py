@@ -50,6 +50,14 @@ class VTC(Policy):
             n = output.num_scheduled_tokens[i]
             prompt_part = min(n, max(0, req.num_prompt_tokens - output.context_len(i)))
             counters[req.tenant] += w_in * prompt_part + w_out * (n - prompt_part)
+        self._forget(finished)
+
+    def on_decode_steps(self, requests: Sequence[Request], num_steps: int, now: float) -> None:
+        # Exactly num_steps additions of output_weight when it is a whole number.
+        for req in requests:
+            self.counters[req.tenant] += self.output_weight * num_steps
+
+    def _forget(self, finished: Sequence[Request]) -> None:
         for req in finished:
             if req.request_id in self._seen:
                 self._seen.discard(req.request_id)

@@ -97,14 +97,19 @@ class EngineCore:
         kv_usage = sched.kv.usage  # what the step holds, before finished requests free
         if out.requests or out.kv_loads or sched.loading:
             result = self.executor.execute(out)
-            end = start + result.latency_s if result.latency_s is not None else self.clock()
+            if result.latency_s is not None:  # predicted (simulation)
+                latency = result.latency_s
+                end = start + latency
+            else:  # measured on the clock
+                end = self.clock()
+                latency = end - start
         else:
-            result, end = ExecutorOutput(sampled_token_ids=[]), start
+            result, end, latency = ExecutorOutput(sampled_token_ids=[]), start, 0.0
         finished = sched.update_from_output(out, result, end)
         return StepResult(
             step_id=out.step_id,
             start_s=start,
-            latency_s=end - start,
+            latency_s=latency,
             num_reqs=len(out.requests),
             num_prefill_tokens=out.num_prefill_tokens,
             num_decode_tokens=out.num_decode_tokens,

@@ -173,7 +173,7 @@ class KVCacheManager:
     @property
     def usage(self) -> float:
         """Fraction of blocks held by requests (free cached blocks count as free)."""
-        return 1.0 - self.pool.num_free_blocks / self.pool.num_blocks
+        return (self.pool.num_blocks - self.pool.num_free_blocks) / self.pool.num_blocks
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, ())]

@@ -10,6 +10,7 @@ and overrides only what the policy changes:
 ``token_cap(request)`` the most tokens a request may compute in one step
 ``on_step(...)``       sees each finished step (fair-share counters, aging...)
 ``on_arrival(...)``    sees each arriving request
+``on_decode_steps``    sees many plain decode steps at once (simulator)
 =====================  =====================================================
 
 Three class attributes tell the scheduler how expensive the policy is, so that
@@ -137,6 +138,11 @@ class Policy:
 
     def on_step(self, output: SchedulerOutput, finished: Sequence[Request], now: float) -> None:
         """Sees each step after its tokens are accounted (for stateful policies)."""
+
+    def on_decode_steps(self, requests: Sequence[Request], num_steps: int, now: float) -> None:
+        """Sees ``num_steps`` steps at once in which each of ``requests`` decoded one
+        token and nothing else happened (the simulator's fast path). A policy that
+        overrides :meth:`on_step` must override this too, else the fast path is off."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(victim={self.victim!r})"

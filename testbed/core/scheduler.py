@@ -11,8 +11,7 @@ by recompute; no request is admitted in a step that preempted.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from testbed.core.config import SchedulerConfig
 from testbed.core.kv_cache import KVCacheManager
 from testbed.core.outputs import ExecutorOutput, SchedulerOutput
 from testbed.core.policy import Decision, Policy
@@ -22,28 +21,6 @@ from testbed.core.request import Request, RequestStatus
 RUNNING = RequestStatus.RUNNING
 _STOPPED = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH)
 STAND_IN_TOKEN = 0  # what a simulated data plane "samples"
-
-
-@dataclass(slots=True)
-class SchedulerConfig:
-    """Limits of one engine instance (names as in vLLM)."""
-
-    max_num_batched_tokens: int = 2048
-    max_num_seqs: int = 256
-    max_model_len: int = 4096
-    enable_chunked_prefill: bool = True
-    long_prefill_token_threshold: int = 0  # 0: no per-request cap
-    num_lookahead_tokens: int = 0  # KV slots reserved for drafts (speculative decoding)
-
-    def __post_init__(self) -> None:
-        for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
-            raise ValueError(
-                "without chunked prefill, max_num_batched_tokens "
-                f"({self.max_num_batched_tokens}) must be >= max_model_len ({self.max_model_len})"
-            )
 
 
 class Scheduler:
@@ -63,6 +40,9 @@ class Scheduler:
         self._arrivals = 0
         self._finished_ids: list[str] = []  # for the executor, in the next output
         self._newly_finished: list[Request] = []  # returned by the next update
+        # True while the last admission attempt stopped for want of KV blocks and
+        # nothing has changed since that could unblock it (an arrival, a free).
+        self.admission_blocked_on_kv = False
         cls = type(policy)
         self._has_admit = cls.admit is not Policy.admit
         self._has_cap = cls.token_cap is not Policy.token_cap
@@ -85,12 +65,14 @@ class Scheduler:
 
     # --- arrivals ---
     def add_request(self, request: Request, now: float) -> bool:
-        """Queue a new request; False if it can never be served (then it is rejected)."""
+        """Queue a new request; False if it can never be served: then it is rejected
+        at once, with its reason (and not reported again by the next update)."""
         request.arrival_seq = self._arrivals
         self._arrivals += 1
         reason = self._never_fits(request)
         if reason:
             self._reject(request, reason, now)
+            self._newly_finished.pop()
             return False
         request.remote_kv_tokens = min(request.remote_kv_tokens, request.num_tokens - 1)
         request.max_num_tokens = self._stop_num_tokens(request)
@@ -103,6 +85,7 @@ class Scheduler:
         self.requests[request.request_id] = request
         self.policy.on_arrival(request, now)
         self.waiting.add(request, now)
+        self.admission_blocked_on_kv = False
         return True
 
     def _stop_num_tokens(self, request: Request) -> int:
@@ -143,11 +126,16 @@ class Scheduler:
         elif self.loading.pop(request_id, None) is None:
             self.waiting.remove(req)
         self.kv.free(req)
+        self.admission_blocked_on_kv = False
         req.status = RequestStatus.FINISHED_ABORTED
         req.finish_reason = "aborted"
         req.finish_time = now
         self._finished_ids.append(request_id)
         self._newly_finished.append(req)
+
+    def advance_step_ids(self, num_steps: int) -> None:
+        """Count steps applied outside :meth:`schedule` (the simulator's fast path)."""
+        self._step_id += num_steps
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.running or self.waiting or self.loading or self.ready)
@@ -157,6 +145,7 @@ class Scheduler:
         out = SchedulerOutput(step_id=self._step_id)
         self._step_id += 1
         out.finished_req_ids, self._finished_ids = self._finished_ids, []
+        self.admission_blocked_on_kv = False
         policy = self.policy
         if policy.reorder_running and len(self.running) > 1:
             self.running.sort(key=lambda r: (policy.key(r, now), r.arrival_seq))
@@ -308,6 +297,7 @@ class Scheduler:
             if n == 0:
                 continue  # without chunked prefill, the prompt does not fit the budget
             if n is None:
+                self.admission_blocked_on_kv = True
                 break  # no room: later requests wait too (no head-of-line bypass)
             taken.append(pos)
             budget -= n
@@ -430,6 +420,7 @@ class Scheduler:
         done = {id(r) for r in finished if r.status in _STOPPED}
         if not done:
             return
+        self.admission_blocked_on_kv = False
         self.running = [r for r in self.running if id(r) not in done]
         for req in finished:
             if id(req) in done:

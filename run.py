@@ -1,0 +1,34 @@
+"""The testbed's entry point (Hydra).
+
+    python run.py policy=fcfs mode=sim                      # embedded defaults
+    python run.py mode=sim policy=sjf trace=azure_conv hardware=h200 model=llama3-8b
+    python run.py -m mode=sim policy=fcfs,sjf,vtc trace=azure_conv   # a sweep
+
+On a fresh machine the first call sets up ``.venv`` (see testbed/bootstrap.py).
+"""
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+
+from testbed import bootstrap  # noqa: E402
+
+bootstrap.ensure([str(ROOT / "run.py"), *sys.argv[1:]])
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+
+@hydra.main(config_path="conf", config_name="config", version_base=None)
+def main(cfg: DictConfig) -> float:
+    from testbed.runner import run_from_config
+
+    metrics = run_from_config(cfg)
+    # A number for Hydra's sweepers to optimise: the mean end-to-end latency.
+    return metrics["e2e_s_mean"]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,5 @@
+"""Per-request and per-step records, and the metrics computed from them."""
+
+from testbed.metrics.steplog import StepLog
+
+__all__ = ["StepLog"]

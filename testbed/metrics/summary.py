@@ -1,0 +1,175 @@
+"""Metrics of a run, from its per-request records and its step log.
+
+Definitions (times in seconds, rates per second):
+
+* TTFT: first token time - arrival. TPOT: (finish - first token) / (output tokens - 1),
+  per request with at least two output tokens. ITL: every gap between two
+  consecutive tokens of a request, pooled over requests (tokens accepted
+  together in one speculative step have a gap of 0). E2E: finish - arrival.
+  Queue: first scheduled - arrival.
+* Latency statistics cover finished requests (not rejected, not unfinished).
+* duration_s: from the first arrival to the last finish. Throughputs count
+  finished requests and their tokens over that duration.
+* SLOs: a finished request meets its SLOs when its TTFT and TPOT are within
+  those it carries (one it lacks is met). ``slo_attainment`` is the fraction of
+  all requests that finished and met them (rejected and unfinished ones miss);
+  ``goodput_req_s`` counts those per second.
+* kv_usage_mean weights each step by its latency (a time average).
+* tenant_service_jain: Jain's index over tenants of (tokens served / tokens
+  asked for); 1.0 when every tenant got the same share of what it asked.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from testbed.core import Request, RequestStatus
+from testbed.metrics.steplog import StepLog
+
+LATENCIES = ("ttft_s", "tpot_s", "itl_s", "e2e_s", "queue_s")
+_FINISHED = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH)
+
+
+def requests_frame(requests: Sequence[Request]) -> pd.DataFrame:
+    """``requests.csv``: one row per request, in both modes."""
+    nan = math.nan
+    rows = []
+    for r in requests:
+        first_tok = r.first_token_time if r.first_token_time is not None else nan
+        finish = r.finish_time if r.finish_time is not None else nan
+        n_out = r.num_output_tokens
+        done = r.status in _FINISHED
+        rows.append(
+            (
+                r.request_id,
+                r.tenant,
+                r.priority,
+                r.arrival_time,
+                r.first_scheduled_time if r.first_scheduled_time is not None else nan,
+                first_tok,
+                finish,
+                r.num_prompt_tokens,
+                n_out,
+                max(r.num_cached_tokens, 0),
+                r.num_preemptions,
+                r.status.name.lower(),
+                r.reject_reason or "",
+                r.ttft_slo_s if r.ttft_slo_s is not None else nan,
+                r.tpot_slo_s if r.tpot_slo_s is not None else nan,
+                r.num_draft_tokens,
+                r.num_accepted_tokens,
+                (finish - first_tok) / (n_out - 1) if done and n_out > 1 else nan,
+            )
+        )
+    df = pd.DataFrame(
+        rows,
+        columns=[
+            "request_id",
+            "tenant",
+            "priority",
+            "arrival_s",
+            "first_scheduled_s",
+            "first_token_s",
+            "finish_s",
+            "prompt_tokens",
+            "output_tokens",
+            "cached_tokens",
+            "preemptions",
+            "status",
+            "reason",
+            "ttft_slo_s",
+            "tpot_slo_s",
+            "draft_tokens",
+            "accepted_tokens",
+            "tpot_s",
+        ],
+    )
+    df["ttft_s"] = df["first_token_s"] - df["arrival_s"]
+    df["e2e_s"] = df["finish_s"] - df["arrival_s"]
+    df["queue_s"] = df["first_scheduled_s"] - df["arrival_s"]
+    unfinished = ~df["status"].isin([s.name.lower() for s in _FINISHED])
+    df.loc[unfinished, ["ttft_s", "e2e_s"]] = np.nan
+    return df
+
+
+def inter_token_latencies(requests: Sequence[Request]) -> np.ndarray:
+    gaps = [
+        np.diff(np.frombuffer(r.token_times, dtype=np.float64))
+        for r in requests
+        if r.status in _FINISHED and len(r.token_times) > 1
+    ]
+    return np.concatenate(gaps) if gaps else np.empty(0)
+
+
+def _stats(name: str, values: np.ndarray) -> dict[str, float]:
+    values = values[~np.isnan(values)]
+    if values.size == 0:
+        return {f"{name}_{s}": math.nan for s in ("mean", "p50", "p90", "p99")}
+    p50, p90, p99 = np.percentile(values, [50, 90, 99])
+    return {
+        f"{name}_mean": float(values.mean()),
+        f"{name}_p50": float(p50),
+        f"{name}_p90": float(p90),
+        f"{name}_p99": float(p99),
+    }
+
+
+def _jain(x: np.ndarray) -> float:
+    return float(x.sum() ** 2 / (len(x) * (x**2).sum())) if len(x) and (x**2).sum() > 0 else 1.0
+
+
+def summarize(
+    requests: Sequence[Request], steps: StepLog, df: pd.DataFrame | None = None
+) -> dict[str, float]:
+    """Every metric of ``metrics.json`` that the records determine."""
+    df = requests_frame(requests) if df is None else df
+    done = df[df["status"].isin([s.name.lower() for s in _FINISHED])]
+    n_done = len(done)
+    start = float(df["arrival_s"].min()) if len(df) else 0.0
+    end = float(done["finish_s"].max()) if n_done else start
+    duration = end - start
+    per_s = (lambda x: x / duration) if duration > 0 else (lambda x: math.nan)
+    out_tok = float(done["output_tokens"].sum())
+    in_tok = float(done["prompt_tokens"].sum())
+    met = (done["ttft_s"] <= done["ttft_slo_s"].fillna(np.inf)) & (
+        done["tpot_s"].fillna(0) <= done["tpot_slo_s"].fillna(np.inf)
+    )
+    m: dict[str, float] = {
+        "num_requests": len(df),
+        "num_finished": n_done,
+        "num_rejected": int((df["status"] == "rejected").sum()),
+        "num_unfinished": int(
+            len(df)
+            - n_done
+            - (df["status"] == "rejected").sum()
+            - (df["status"] == "finished_aborted").sum()
+        ),
+        "duration_s": duration,
+        "throughput_req_s": per_s(n_done),
+        "throughput_output_tok_s": per_s(out_tok),
+        "throughput_total_tok_s": per_s(in_tok + out_tok),
+    }
+    for name in LATENCIES:
+        col = inter_token_latencies(requests) if name == "itl_s" else done[name].to_numpy(float)
+        m.update(_stats(name, col))
+    m["num_preemptions"] = int(df["preemptions"].sum())
+    m["goodput_req_s"] = per_s(int(met.sum()))
+    m["slo_attainment"] = float(met.sum() / len(df)) if len(df) else math.nan
+    cols = steps.columns
+    lat = np.frombuffer(cols["latency_s"], dtype=np.float64)
+    usage = np.frombuffer(cols["kv_usage"], dtype=np.float64)
+    busy = lat.sum()
+    m["kv_usage_mean"] = float((usage * lat).sum() / busy) if busy > 0 else math.nan
+    m["kv_usage_max"] = float(usage.max()) if usage.size else math.nan
+    m["num_steps"] = len(steps)
+    asked = df.groupby("tenant")[["prompt_tokens", "output_tokens"]].sum().sum(axis=1)
+    served = done.groupby("tenant")[["prompt_tokens", "output_tokens"]].sum().sum(axis=1)
+    m["tenant_service_jain"] = _jain((served.reindex(asked.index).fillna(0) / asked).to_numpy())
+    drafts = int(df["draft_tokens"].sum())
+    if drafts:
+        m["spec_acceptance_rate"] = float(df["accepted_tokens"].sum() / drafts)
+    return m

@@ -1,0 +1,1 @@
+"""Run directory files, plots and W&B logging."""

@@ -1,0 +1,72 @@
+"""W&B logging: offline by default (no account; ``wandb sync`` later), online on request.
+
+Each run logs its resolved config, the summary metrics, the step time series
+(binned), the per-request table and the plots. Runs of a sweep share a group
+and tags, so a W&B workspace compares policies side by side.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from testbed.metrics.steplog import StepLog
+from testbed.report.rundir import _binned
+
+
+def log_run(
+    wandb_cfg: Mapping[str, Any],
+    run_dir: Path,
+    name: str,
+    config: dict[str, Any],
+    metrics: dict[str, Any],
+    requests: pd.DataFrame,
+    steps: StepLog,
+    plots: list[Path],
+) -> str | None:
+    """Log one run; returns the W&B run folder (None when disabled)."""
+    mode = wandb_cfg.get("mode", "offline")
+    if mode == "disabled":
+        return None
+    os.environ.setdefault("WANDB_SILENT", "true")
+    import wandb
+
+    directory = Path(wandb_cfg.get("dir") or run_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    run = wandb.init(
+        project=wandb_cfg.get("project", "llm-sched-testbed"),
+        entity=wandb_cfg.get("entity"),
+        group=wandb_cfg.get("group"),
+        tags=list(wandb_cfg.get("tags") or []),
+        name=name,
+        mode=mode,
+        dir=str(directory),
+        config=config,
+        reinit="finish_previous",
+    )
+    try:
+        cols = steps.columns
+        t = np.frombuffer(cols["start_s"], dtype=np.float64)
+        series = {
+            k: _binned(t, np.asarray(cols[k], dtype=np.float64), bins=1000)
+            for k in ("num_waiting", "num_reqs", "kv_usage", "latency_s")
+        }
+        times = series["num_reqs"][0]
+        for i, ts in enumerate(times):
+            run.log(
+                {
+                    "time_s": float(ts),
+                    **{f"steps/{k}": float(v[1][i]) for k, v in series.items() if i < len(v[1])},
+                }
+            )
+        run.log({"requests": wandb.Table(dataframe=requests)})
+        run.log({p.stem: wandb.Image(str(p)) for p in plots})
+        run.summary.update({k: v for k, v in metrics.items() if v is not None})
+        return run.dir
+    finally:
+        run.finish()

@@ -1,0 +1,234 @@
+"""One run from a resolved config: load the trace, run it, write the run directory.
+
+``run.py`` (Hydra) calls :func:`run_from_config`; tests call it through Hydra's
+compose API. Every run writes its files even when interrupted (marked partial).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from policies import make_policy
+from policies.routers import make_router
+from testbed.core import EngineCore, KVCacheManager, Scheduler, SchedulerConfig
+from testbed.metrics.summary import requests_frame, summarize
+from testbed.models import ModelSpec, num_kv_blocks
+from testbed.report.rundir import write_metrics, write_plots, write_tables
+from testbed.sim import HardwareSpec, SimExecutor, Simulation, make_latency_model
+from testbed.workload import to_requests
+from traces import load_trace
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def model_spec(cfg: Mapping[str, Any]) -> ModelSpec:
+    if cfg.get("hf_config"):
+        return ModelSpec.from_hf_config(cfg["hf_config"], name=cfg["name"])
+    if not cfg.get("path"):
+        raise ValueError(f"model {cfg['name']!r} needs hf_config or path")
+    path = Path(cfg["path"])
+    path = path if path.is_absolute() else PROJECT_ROOT / path
+    spec = ModelSpec.from_path(path)
+    return ModelSpec(**{**{f: getattr(spec, f) for f in spec.__slots__}, "name": cfg["name"]})
+
+
+def kv_blocks(
+    engine: Mapping[str, Any],
+    spec: ModelSpec,
+    hw: HardwareSpec,
+    dtype: str,
+    kv_cache_bytes: float | None,
+) -> int:
+    """The engine's KV blocks: as configured, or derived from memory (both modes)."""
+    if engine.get("num_kv_blocks"):
+        return int(engine["num_kv_blocks"])
+    return num_kv_blocks(
+        spec,
+        dtype,
+        engine["block_size"],
+        hw.memory_bytes,
+        engine["gpu_memory_utilization"],
+        hw.activation_reserve_bytes,
+        engine.get("kv_cache_bytes") or kv_cache_bytes,
+    )
+
+
+def scheduler_config(engine: Mapping[str, Any], max_model_len: int) -> SchedulerConfig:
+    return SchedulerConfig(
+        max_num_batched_tokens=engine["max_num_batched_tokens"],
+        max_num_seqs=engine["max_num_seqs"],
+        max_model_len=max_model_len,
+        enable_chunked_prefill=engine["enable_chunked_prefill"],
+        long_prefill_token_threshold=engine["long_prefill_token_threshold"],
+        num_lookahead_tokens=engine["num_speculative_tokens"],
+    )
+
+
+def trace_options(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in cfg.items() if k != "name" and v is not None}
+
+
+class Progress:
+    """A progress bar over finished requests, showing simulated time."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="req", mininterval=0.5, dynamic_ncols=True)
+        self.done = 0
+
+    def __call__(self, now: float, num_finished: int) -> None:
+        if self.bar is not None and num_finished - self.done >= 64:
+            self.bar.update(num_finished - self.done)
+            self.done = num_finished
+            self.bar.set_postfix_str(f"t={now:,.1f}s", refresh=False)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def simulate(cfg: DictConfig, requests, spec: ModelSpec) -> tuple[Any, dict[str, Any]]:
+    hw = HardwareSpec(**{k: v for k, v in cfg.hardware.items() if k != "kv_cache_bytes"})
+    engine = cfg.engine
+    dtype = cfg.model.dtype
+    profiles = Path(cfg.profiles_dir)
+    latency = make_latency_model(
+        spec, hw, dtype, profiles if profiles.is_absolute() else PROJECT_ROOT / profiles
+    )
+    blocks = kv_blocks(engine, spec, hw, dtype, cfg.hardware.get("kv_cache_bytes"))
+    max_len = engine.max_model_len or spec.max_position_embeddings
+    policy_cfg = OmegaConf.to_container(cfg.policy, resolve=True)
+    engines: list[EngineCore] = []
+
+    def make_engine(i: int, clock) -> EngineCore:
+        kv = KVCacheManager(blocks, engine.block_size, engine.enable_prefix_caching)
+        sched = Scheduler(scheduler_config(engine, max_len), kv, make_policy(policy_cfg))
+        executor = SimExecutor(
+            latency, engine.num_speculative_tokens, engine.spec_acceptance_rate, seed=cfg.seed + i
+        )
+        engines.append(EngineCore(sched, executor, clock))
+        return engines[-1]
+
+    progress = Progress(len(requests), cfg.progress)
+    sim = Simulation(
+        requests,
+        make_engine,
+        latency,
+        num_replicas=cfg.cluster.num_replicas,
+        router=make_router(cfg.cluster.router),
+        fast_forward=cfg.mode.fast_forward,
+        on_progress=progress,
+        max_sim_time_s=cfg.mode.max_sim_time_s,
+    )
+    try:
+        result = sim.run()
+    finally:
+        progress.close()
+    hits = sum(e.scheduler.kv.stats.hits for e in engines)
+    queries = sum(e.scheduler.kv.stats.queries for e in engines)
+    extra = {
+        "latency_model": latency.kind,
+        "latency_model_source": latency.source,
+        "num_kv_blocks": blocks,
+        "prefix_cache_hit_rate": hits / queries if queries else 0.0,
+        "sim_wall_s": result.wall_s,
+        "sim_requests_per_wall_s": len(requests) / result.wall_s if result.wall_s else math.nan,
+        "num_jumps": result.num_jumps,
+        "num_jumped_steps": result.num_jumped_steps,
+        "partial": result.partial,
+        "stop_reason": result.stop_reason,
+    }
+    return result, extra
+
+
+def run_from_config(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
+    """Run ``cfg`` and write its run directory; returns ``metrics.json``'s contents."""
+    wall_start = time.perf_counter()
+    if run_dir is None:
+        from hydra.core.hydra_config import HydraConfig
+
+        run_dir = HydraConfig.get().runtime.output_dir
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    mode = cfg.mode.name
+    spec = model_spec(cfg.model)
+    trace = load_trace(
+        cfg.trace.name, **trace_options(OmegaConf.to_container(cfg.trace, resolve=True))
+    )
+    requests = to_requests(
+        trace, with_tokens=mode == "real", vocab_size=spec.vocab_size, seed=cfg.seed
+    )
+    if mode != "sim":
+        raise NotImplementedError(f"mode={mode} is not available yet (only mode=sim)")
+    result, extra = simulate(cfg, requests, spec)
+    req_df = requests_frame(result.requests)
+    metrics: dict[str, Any] = {
+        "mode": mode,
+        "policy": cfg.policy.name,
+        "trace": cfg.trace.name,
+        "model": spec.name,
+        "hardware": cfg.hardware.name,
+        "seed": cfg.seed,
+        "trace_notes": "; ".join(trace.attrs.get("notes", [])),
+    }
+    metrics.update(summarize(result.requests, result.steps, req_df))
+    metrics.update(extra)
+    write_tables(run_dir, req_df, result.steps)
+    plots = (
+        write_plots(run_dir, req_df, result.steps, f"{cfg.policy.name} on {cfg.trace.name}")
+        if cfg.plots
+        else []
+    )
+    metrics["wall_s"] = time.perf_counter() - wall_start
+    write_metrics(run_dir, metrics)
+    from testbed.report.wandb_log import log_run
+
+    log_run(
+        OmegaConf.to_container(cfg.logging.wandb, resolve=True),
+        run_dir,
+        f"{mode}-{cfg.policy.name}-{cfg.trace.name}",
+        OmegaConf.to_container(cfg, resolve=True),
+        metrics,
+        req_df,
+        result.steps,
+        plots,
+    )
+    print_summary(metrics, run_dir)
+    return metrics
+
+
+def print_summary(m: Mapping[str, Any], run_dir: Path) -> None:
+    rows = [
+        ("requests (finished / rejected)", f"{m['num_finished']} / {m['num_rejected']}"),
+        (
+            "throughput (req/s, out tok/s)",
+            f"{m['throughput_req_s']:.3f}, {m['throughput_output_tok_s']:.1f}",
+        ),
+        ("TTFT mean / p99 (s)", f"{m['ttft_s_mean']:.4f} / {m['ttft_s_p99']:.4f}"),
+        ("TPOT mean / p99 (s)", f"{m['tpot_s_mean']:.4f} / {m['tpot_s_p99']:.4f}"),
+        ("E2E mean / p99 (s)", f"{m['e2e_s_mean']:.3f} / {m['e2e_s_p99']:.3f}"),
+        (
+            "preemptions, prefix hit rate",
+            f"{m['num_preemptions']}, {m['prefix_cache_hit_rate']:.3f}",
+        ),
+        ("KV usage mean / max", f"{m['kv_usage_mean']:.3f} / {m['kv_usage_max']:.3f}"),
+        ("latency model", str(m.get("latency_model"))),
+        ("wall time (s)", f"{m['wall_s']:.2f}"),
+    ]
+    head = f"{m['mode']} | {m['policy']} | {m['trace']} | {m['model']} on {m['hardware']}"
+    if m.get("partial"):
+        head += f" | PARTIAL ({m.get('stop_reason')})"
+    width = max(len(k) for k, _ in rows)
+    print(head)
+    for k, v in rows:
+        print(f"  {k:<{width}}  {v}")
+    print(f"  run directory: {run_dir}")

@@ -1,0 +1,50 @@
+"""The simulated data plane: a step lasts what the latency model predicts."""
+
+from __future__ import annotations
+
+import random
+
+from testbed.core import ExecutorOutput, SchedulerOutput
+from testbed.sim.latency import LatencyModel, step_features
+
+
+class SimExecutor:
+    """Predicts each step's latency; "samples" stand-in tokens.
+
+    With ``num_speculative_tokens > 0`` it also proposes that many stand-in
+    drafts after every sampled token and accepts each draft with probability
+    ``acceptance_rate`` (stopping at the first rejection, as verification does),
+    seeded, so that speculative decoding's effect on the schedule is simulated.
+    """
+
+    def __init__(
+        self,
+        latency_model: LatencyModel,
+        num_speculative_tokens: int = 0,
+        acceptance_rate: float = 0.0,
+        seed: int = 0,
+    ) -> None:
+        self.latency_model = latency_model
+        self.num_spec = num_speculative_tokens
+        self.acceptance_rate = acceptance_rate
+        self.rng = random.Random(seed)
+
+    def execute(self, so: SchedulerOutput) -> ExecutorOutput:
+        latency = self.latency_model.predict(*step_features(so))
+        if not self.num_spec:
+            return ExecutorOutput(latency_s=latency)
+        accepted, drafts = {}, {}
+        for i, req in enumerate(so.requests):
+            if not so.samples(i):
+                continue
+            rid = req.request_id
+            n = 0
+            for _ in so.spec_token_ids.get(rid, ()):
+                if self.rng.random() >= self.acceptance_rate:
+                    break
+                n += 1
+            accepted[rid] = n
+            drafts[rid] = [0] * self.num_spec
+        return ExecutorOutput(
+            latency_s=latency, num_accepted_drafts=accepted, draft_token_ids=drafts
+        )

@@ -1,0 +1,204 @@
+"""Step-latency models: predict how long one engine step takes from its composition.
+
+A step is summarised by four numbers (see :func:`step_features`):
+
+* ``num_reqs``: requests in the batch (per-request CPU work: input preparation,
+  sampling, bookkeeping);
+* ``num_tokens``: tokens computed (every linear layer, the LM head);
+* ``attn_pairs``: query-key pairs attention computes, ``sum_i n_i * (ctx_i + (n_i + 1) / 2)``
+  for a request computing ``n_i`` tokens after ``ctx_i`` cached ones;
+* ``kv_tokens``: cached tokens whose keys and values attention reads,
+  ``sum_i (ctx_i + n_i)``.
+
+Two models map them to seconds. :class:`RooflineModel` charges FLOPs against
+peak compute and bytes against memory bandwidth, from the model's shape and a
+hardware spec sheet; it is what the simulator uses where no measurement exists,
+and it says so (``kind = "roofline"``). :class:`ProfileModel` is fitted to a
+profile table measured on the hardware by the project's profiler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import pandas as pd
+
+from testbed.core import SchedulerOutput
+from testbed.models import DTYPE_BYTES, ModelSpec
+
+
+def step_features(so: SchedulerOutput) -> tuple[int, int, float, int]:
+    """``(num_reqs, num_tokens, attn_pairs, kv_tokens)`` of a scheduled step."""
+    pairs = 0.0
+    kv = 0
+    for req, n in zip(so.requests, so.num_scheduled_tokens, strict=True):
+        ctx = req.num_computed_tokens - n
+        pairs += n * (ctx + (n + 1) / 2)
+        kv += ctx + n
+    return len(so.requests), so.total_num_scheduled_tokens, pairs, kv
+
+
+def decode_features(num_reqs: int, context_tokens: int) -> tuple[int, int, float, int]:
+    """Features of a step where each of ``num_reqs`` requests decodes one token after
+    ``context_tokens`` cached tokens in total. Equal to :func:`step_features` of such
+    a step, so the simulator's fast path predicts exactly what a full step would."""
+    kv = context_tokens + num_reqs
+    return num_reqs, num_reqs, float(kv), kv
+
+
+class LatencyModel(Protocol):
+    kind: str  # "roofline" or "profile"
+    source: str  # where its numbers come from
+
+    def predict(self, num_reqs: int, num_tokens: int, attn_pairs: float, kv_tokens: int) -> float:
+        """Seconds one step with this composition takes."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class HardwareSpec:
+    """A device from its spec sheet, plus how much of it an engine achieves."""
+
+    name: str
+    peak_flops: float  # dense FLOP/s at the model's dtype
+    mem_bandwidth: float  # bytes/s
+    memory_bytes: float
+    compute_efficiency: float = 0.6  # achieved fraction of peak FLOP/s (MFU)
+    bandwidth_efficiency: float = 0.8  # achieved fraction of bandwidth (MBU)
+    step_overhead_s: float = 0.0  # per step: scheduling, input preparation, launches
+    request_overhead_s: float = 0.0  # per request in the batch
+    activation_reserve_bytes: float = 0.0
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for name in (
+            "peak_flops",
+            "mem_bandwidth",
+            "memory_bytes",
+            "compute_efficiency",
+            "bandwidth_efficiency",
+            "step_overhead_s",
+            "request_overhead_s",
+            "activation_reserve_bytes",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or value < 0:
+                raise ValueError(
+                    f"hardware {self.name}: {name} must be a number >= 0, got {value!r}"
+                )
+
+
+class RooflineModel:
+    """Analytic: compute-bound or memory-bound, whichever is slower, plus overheads."""
+
+    kind = "roofline"
+
+    def __init__(self, model: ModelSpec, hw: HardwareSpec, dtype: str = "bfloat16") -> None:
+        self.model, self.hw, self.dtype = model, hw, dtype
+        self.source = f"analytic roofline of {hw.name} spec sheet ({hw.source})"
+        flops = hw.peak_flops * hw.compute_efficiency
+        bw = hw.mem_bandwidth * hw.bandwidth_efficiency
+        self._s_per_token_flops = 2 * model.matmul_params / flops
+        self._s_weights = model.weight_bytes(dtype) / bw
+        self._s_per_pair = 4 * model.num_layers * model.num_heads * model.head_dim / flops
+        self._s_per_kv_token = model.kv_bytes_per_token(dtype) / bw
+
+    def predict(self, num_reqs: int, num_tokens: int, attn_pairs: float, kv_tokens: int) -> float:
+        linear = max(num_tokens * self._s_per_token_flops, self._s_weights)
+        attention = max(attn_pairs * self._s_per_pair, kv_tokens * self._s_per_kv_token)
+        hw = self.hw
+        return hw.step_overhead_s + hw.request_overhead_s * num_reqs + linear + attention
+
+
+FEATURES = ("num_reqs", "num_tokens", "attn_pairs", "kv_tokens")
+
+
+def nnls(a: np.ndarray, b: np.ndarray, iters: int = 500) -> np.ndarray:
+    """Non-negative least squares (Lawson-Hanson active set), small problems only."""
+    n = a.shape[1]
+    x = np.zeros(n)
+    passive = np.zeros(n, dtype=bool)
+    for _ in range(iters):
+        grad = a.T @ (b - a @ x)
+        if passive.all() or grad[~passive].max(initial=0) <= 1e-12 * max(1.0, abs(grad).max()):
+            break
+        passive[np.argmax(np.where(passive, -np.inf, grad))] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            if (z[passive] > 0).all():
+                x = z
+                break
+            neg = passive & (z <= 0)
+            alpha = np.min(x[neg] / (x[neg] - z[neg]))
+            x = x + alpha * (z - x)
+            passive &= x > 1e-15
+    return x
+
+
+class ProfileModel:
+    """Fitted to measured steps: ``c0 + c1*num_reqs + c2*num_tokens + c3*attn_pairs +
+    c4*kv_tokens`` with every coefficient non-negative, so that predictions stay
+    positive and grow at most linearly outside the measured grid."""
+
+    kind = "profile"
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.header = read_profile_header(self.path)
+        table = pd.read_csv(self.path, comment="#")
+        missing = [c for c in (*FEATURES, "latency_s") if c not in table.columns]
+        if missing:
+            raise ValueError(f"{self.path}: profile table lacks columns {missing}")
+        if "kind" in table.columns:
+            table = table[table["kind"] == "step"]
+        if len(table) < len(FEATURES) + 1:
+            raise ValueError(f"{self.path}: {len(table)} step rows are too few to fit")
+        x = np.column_stack([np.ones(len(table))] + [table[c].to_numpy(float) for c in FEATURES])
+        y = table["latency_s"].to_numpy(float)
+        # Fit relative error: scale rows by 1/y so short steps count as much as long ones.
+        self.coef = nnls(x / y[:, None], np.ones_like(y))
+        pred = x @ self.coef
+        self.fit_rel_error = float(np.median(np.abs(pred - y) / y))
+        self.source = (
+            f"profile {self.path.name} ({self.header.get('device', '?')}, "
+            f"{self.header.get('date', '?')})"
+        )
+
+    def predict(self, num_reqs: int, num_tokens: int, attn_pairs: float, kv_tokens: int) -> float:
+        c = self.coef
+        return float(
+            c[0] + c[1] * num_reqs + c[2] * num_tokens + c[3] * attn_pairs + c[4] * kv_tokens
+        )
+
+
+def read_profile_header(path: Path) -> dict[str, str]:
+    """The ``# key: value`` lines at the top of a profile table."""
+    header = {}
+    with open(path) as f:
+        for line in f:
+            if not line.startswith("#"):
+                break
+            key, _, value = line[1:].partition(":")
+            header[key.strip()] = value.strip()
+    return header
+
+
+def profile_path(profiles_dir: str | Path, hardware: str, model: str) -> Path:
+    return Path(profiles_dir) / hardware / f"{model}.csv"
+
+
+def make_latency_model(
+    model: ModelSpec, hw: HardwareSpec, dtype: str, profiles_dir: str | Path | None
+) -> LatencyModel:
+    """The profile of (hardware, model) where one exists, else the roofline model."""
+    if profiles_dir is not None:
+        path = profile_path(profiles_dir, hw.name, model.name)
+        if path.exists():
+            return ProfileModel(path)
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"unknown dtype {dtype!r}; known: {sorted(DTYPE_BYTES)}")
+    return RooflineModel(model, hw, dtype)

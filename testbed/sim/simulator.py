@@ -1,0 +1,227 @@
+"""The discrete-event simulation: replicas, a dispatcher with a router, simpy time.
+
+Entities: a :class:`Dispatcher` (arrivals in trace order, routed to replicas
+when their time comes) and one :class:`Replica` process per engine instance,
+each running the shared :class:`EngineCore` with a :class:`SimExecutor`.
+Events: arrivals, and step ends (a step lasts its predicted latency).
+
+Arrival order is deterministic: before a replica starts a step it has the
+dispatcher route every arrival due by then, so an arrival at time ``t`` is seen
+by every step that starts at or after ``t``, whatever simpy's order of equal-time
+events. Between events, plain decode steps are applied in jumps (see
+``testbed.core.fast_forward``) with results identical to stepping one by one.
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import simpy
+
+from policies.routers import RoundRobin, Router
+from testbed.core import EngineCore, Request
+from testbed.core.fast_forward import advance_decode, decode_horizon
+from testbed.metrics import StepLog
+from testbed.sim.latency import decode_features
+
+MAX_JUMP = 4096  # steps per jump at most (bounds the arrays built per jump)
+
+
+@dataclass
+class SimResult:
+    requests: list[Request]
+    steps: StepLog
+    duration_s: float  # simulated time at the end
+    wall_s: float
+    num_jumps: int = 0
+    num_jumped_steps: int = 0
+    partial: bool = False
+    stop_reason: str = "finished"
+    extra: dict = field(default_factory=dict)
+
+
+class Replica:
+    """One engine instance as a simpy process."""
+
+    def __init__(self, sim: Simulation, index: int, engine: EngineCore) -> None:
+        self.sim, self.index, self.engine = sim, index, engine
+        self.inbox: list[Request] = []
+        self.idle: simpy.Event | None = None
+        self.num_outstanding = 0  # routed here, not yet finished
+
+    def deliver(self, request: Request) -> None:
+        self.inbox.append(request)
+        self.num_outstanding += 1
+        if self.idle is not None and not self.idle.triggered:
+            self.idle.succeed()
+
+    def run(self):
+        sim, env, engine = self.sim, self.sim.env, self.engine
+        sched = engine.scheduler
+        log, latency_model = sim.steps, sim.latency_model
+        while True:
+            sim.dispatcher.dispatch_until(env.now)
+            if self.inbox:
+                for req in self.inbox:
+                    if not engine.add_request(req):
+                        self._finished([req])
+                self.inbox.clear()
+            if not engine.has_unfinished_requests():
+                if sim.dispatcher.done:
+                    return
+                self.idle = env.event()
+                yield self.idle
+                self.idle = None
+                continue
+            if sim.fast_forward and (k := decode_horizon(sched, MAX_JUMP)) > 0:
+                yield from self._jump(k, sched, log, latency_model)
+                continue
+            res = engine.step()
+            log.add(
+                self.index,
+                res.start_s,
+                res.latency_s,
+                res.num_reqs,
+                res.num_prefill_tokens,
+                res.num_decode_tokens,
+                res.kv_usage,
+                res.num_waiting,
+                res.num_running,
+                res.num_preempted,
+            )
+            if res.latency_s > 0:
+                yield env.timeout(res.latency_s)
+            elif res.num_reqs == 0:
+                # Nothing schedulable (e.g. KV arriving): wait for the next event.
+                self.idle = env.event()
+                yield self.idle
+                self.idle = None
+            if res.finished:
+                self._finished(res.finished)
+
+    def _jump(self, k: int, sched, log: StepLog, latency_model):
+        """Apply up to ``k`` plain decode steps, stopping at the next arrival."""
+        env = self.sim.env
+        n = len(sched.running)
+        ctx = sum(r.num_computed_tokens for r in sched.running)
+        next_arrival = self.sim.dispatcher.next_arrival_time
+        predict = latency_model.predict
+        t = env.now
+        starts, lats, ends = array("d"), array("d"), array("d")
+        for j in range(k):
+            if j and t >= next_arrival:
+                break
+            lat = predict(*decode_features(n, ctx))
+            starts.append(t)
+            lats.append(lat)
+            t = t + lat
+            ends.append(t)
+            ctx += n
+        used = advance_decode(sched, ends)
+        total = sched.kv.num_blocks
+        log.add_decode_steps(
+            self.index, starts, lats, n, [u / total for u in used], len(sched.waiting)
+        )
+        self.sim.num_jumps += 1
+        self.sim.num_jumped_steps += len(ends)
+        yield env.timeout(t - env.now)
+
+    def _finished(self, finished: Sequence[Request]) -> None:
+        self.num_outstanding -= len(finished)
+        self.sim.on_finished(finished)
+
+
+class Dispatcher:
+    """Routes arrivals to replicas at their arrival time (a simpy process)."""
+
+    def __init__(self, sim: Simulation, requests: Sequence[Request], router: Router) -> None:
+        self.sim, self.router = sim, router
+        self.requests = sorted(requests, key=lambda r: r.arrival_time)
+        self.pos = 0
+
+    @property
+    def done(self) -> bool:
+        return self.pos >= len(self.requests)
+
+    @property
+    def next_arrival_time(self) -> float:
+        return self.requests[self.pos].arrival_time if not self.done else float("inf")
+
+    def dispatch_until(self, now: float) -> None:
+        reqs, replicas = self.requests, self.sim.replicas
+        while self.pos < len(reqs) and reqs[self.pos].arrival_time <= now:
+            req = reqs[self.pos]
+            self.pos += 1
+            i = 0 if len(replicas) == 1 else self.router.choose(req, replicas, now)
+            replicas[i].deliver(req)
+
+    def run(self):
+        env = self.sim.env
+        while not self.done:
+            delay = self.next_arrival_time - env.now
+            if delay > 0:
+                yield env.timeout(delay)
+            self.dispatch_until(env.now)
+        for rep in self.sim.replicas:  # let idle replicas see that arrivals are over
+            if rep.idle is not None and not rep.idle.triggered:
+                rep.idle.succeed()
+
+
+class Simulation:
+    """Replays requests through ``num_replicas`` engines on simulated time."""
+
+    def __init__(
+        self,
+        requests: Sequence[Request],
+        make_engine: Callable[[int, Callable[[], float]], EngineCore],
+        latency_model,
+        num_replicas: int = 1,
+        router: Router | None = None,
+        fast_forward: bool = True,
+        on_progress: Callable[[float, int], None] | None = None,
+        max_sim_time_s: float | None = None,
+    ) -> None:
+        self.env = simpy.Environment()
+        self.requests = list(requests)
+        self.latency_model = latency_model
+        self.fast_forward = fast_forward
+        self.steps = StepLog()
+        self.num_jumps = self.num_jumped_steps = 0
+        self.num_finished = 0
+        self.on_progress = on_progress
+        self.max_sim_time_s = max_sim_time_s
+        clock = lambda: self.env.now  # noqa: E731
+        self.replicas = [Replica(self, i, make_engine(i, clock)) for i in range(num_replicas)]
+        self.dispatcher = Dispatcher(self, self.requests, router or RoundRobin())
+
+    def on_finished(self, finished: Sequence[Request]) -> None:
+        self.num_finished += len(finished)
+        if self.on_progress is not None:
+            self.on_progress(self.env.now, self.num_finished)
+
+    def run(self) -> SimResult:
+        start = time.perf_counter()
+        env = self.env
+        env.process(self.dispatcher.run())
+        for rep in self.replicas:
+            env.process(rep.run())
+        partial, reason = False, "finished"
+        try:
+            env.run(until=self.max_sim_time_s)
+            if self.num_finished < len(self.requests):
+                partial, reason = True, f"stopped at max_sim_time_s={self.max_sim_time_s}"
+        except KeyboardInterrupt:
+            partial, reason = True, "interrupted"
+        return SimResult(
+            requests=self.requests,
+            steps=self.steps,
+            duration_s=env.now,
+            wall_s=time.perf_counter() - start,
+            num_jumps=self.num_jumps,
+            num_jumped_steps=self.num_jumped_steps,
+            partial=partial,
+            stop_reason=reason,
+        )

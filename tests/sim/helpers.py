@@ -1,0 +1,89 @@
+"""Small simulated setups shared by the simulator tests."""
+
+from __future__ import annotations
+
+import random
+
+from omegaconf import OmegaConf
+
+from policies import make_policy
+from policies.routers import make_router
+from testbed.core import (
+    EngineCore,
+    KVCacheManager,
+    Request,
+    SamplingParams,
+    Scheduler,
+    SchedulerConfig,
+)
+from testbed.models import ModelSpec
+from testbed.sim import HardwareSpec, SimExecutor, Simulation, make_latency_model
+
+CONF = "conf"
+
+
+def latency_model(model: str = "llama3-8b", hardware: str = "h200"):
+    m = OmegaConf.to_container(OmegaConf.load(f"{CONF}/model/{model}.yaml"))
+    hw = OmegaConf.to_container(OmegaConf.load(f"{CONF}/hardware/{hardware}.yaml"))
+    hw.pop("kv_cache_bytes")
+    spec = ModelSpec.from_hf_config(m["hf_config"], name=model)
+    return make_latency_model(spec, HardwareSpec(**hw), m["dtype"], None)
+
+
+def random_requests(n: int, rate: float = 5.0, seed: int = 0, shared: bool = True) -> list[Request]:
+    """Poisson arrivals, mixed lengths, three tenants, some shared prefixes."""
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for i in range(n):
+        t += rng.expovariate(rate)
+        n_in = rng.randint(16, 2500)
+        hashes = None
+        if shared and rng.random() < 0.5:  # one of two shared 1,024-token system prompts
+            n_in = max(n_in, 1100)
+            hashes = (rng.randrange(2), *(10_000 + 10 * i + k for k in range(n_in // 512)))
+        out.append(
+            Request(
+                request_id=f"r{i}",
+                num_prompt_tokens=n_in,
+                target_output_tokens=rng.randint(1, 500),
+                sampling_params=SamplingParams(max_tokens=None, ignore_eos=True),
+                arrival_time=t,
+                tenant=f"t{i % 3}",
+                priority=i % 2,
+                ttft_slo_s=rng.choice([0.5, 2.0]),
+                prefix_hash_ids=hashes,
+            )
+        )
+    return out
+
+
+def simulate(
+    requests,
+    policy="fcfs",
+    fast_forward=True,
+    num_blocks=20_000,
+    replicas=1,
+    router="least_outstanding",
+    **sched,
+):
+    lat = latency_model()
+    engines = []
+    cfg = dict(max_num_batched_tokens=2048, max_num_seqs=128, max_model_len=8192) | sched
+
+    def make_engine(i, clock):
+        kv = KVCacheManager(num_blocks, 16, True)
+        pol = make_policy(policy) if isinstance(policy, str) else make_policy(dict(policy))
+        engines.append(
+            EngineCore(Scheduler(SchedulerConfig(**cfg), kv, pol), SimExecutor(lat), clock)
+        )
+        return engines[-1]
+
+    sim = Simulation(
+        requests,
+        make_engine,
+        lat,
+        num_replicas=replicas,
+        router=make_router(router),
+        fast_forward=fast_forward,
+    )
+    return sim.run(), engines

@@ -1,0 +1,57 @@
+"""The simulator's fast path gives the same results as stepping one step at a time."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.sim.helpers import random_requests, simulate
+
+POLICIES = [
+    "fcfs",
+    "sjf",
+    "srpt",
+    "edf",
+    "vtc",
+    "mlfq",
+    "cache_aware_sjf",
+    {"name": "priority", "aging_interval_s": 0.5},
+    {"name": "fcfs", "victim": "least_computed"},
+]
+
+
+def observable(requests):
+    return [
+        (
+            r.request_id,
+            r.status,
+            r.first_scheduled_time,
+            r.first_token_time,
+            r.finish_time,
+            tuple(r.token_times),
+            r.num_preemptions,
+            r.num_cached_tokens,
+            r.num_output_tokens,
+        )
+        for r in requests
+    ]
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=str)
+@pytest.mark.parametrize("num_blocks", [20_000, 700], ids=["roomy", "tight"])
+def test_fast_path_equals_stepping(policy, num_blocks):
+    fast, _ = simulate(random_requests(250), policy, True, num_blocks)
+    slow, _ = simulate(random_requests(250), policy, False, num_blocks)
+    assert observable(fast.requests) == observable(slow.requests)
+    assert fast.steps.to_frame().equals(slow.steps.to_frame())
+    assert fast.duration_s == slow.duration_s
+    if policy == "fcfs":
+        assert fast.num_jumped_steps > len(fast.steps) // 2  # the fast path did the work
+    if num_blocks == 700 and policy == "fcfs":
+        assert sum(r.num_preemptions for r in fast.requests) > 0  # pressure was real
+
+
+def test_fast_path_equals_stepping_with_replicas_and_a_router():
+    fast, _ = simulate(random_requests(300, rate=12), "fcfs", True, 2000, replicas=3)
+    slow, _ = simulate(random_requests(300, rate=12), "fcfs", False, 2000, replicas=3)
+    assert observable(fast.requests) == observable(slow.requests)
+    assert fast.steps.to_frame().equals(slow.steps.to_frame())
