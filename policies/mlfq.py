@@ -67,14 +67,15 @@ class MLFQ(Policy):
             n = output.num_scheduled_tokens[i]
             prompt_part = min(n, max(0, req.num_prompt_tokens - output.context_len(i)))
             self._serve(req, prompt_part / self.prefill_tokens_per_unit + (n - prompt_part), now)
-        for req in finished:
-            for table in (self.level, self.used, self.last_served):
-                table.pop(req.request_id, None)
+        self._forget(finished)
 
-    def on_decode_steps(self, requests: Sequence[Request], num_steps: int, now: float) -> None:
+    def on_decode_steps(
+        self, requests: Sequence[Request], num_steps: int, finished: Sequence[Request], now: float
+    ) -> None:
         for req in requests:  # one unit at a time: the same float sums as step by step
             for _ in range(num_steps):
                 self._serve(req, 1.0, now)
+        self._forget(finished)
 
     def _serve(self, req: Request, units: float, now: float) -> None:
         """Charge service to the request's level; demote for each quantum used up."""
@@ -87,3 +88,8 @@ class MLFQ(Policy):
         while self.level[rid] < last and self.used[rid] >= self.quanta[self.level[rid]]:
             self.used[rid] -= self.quanta[self.level[rid]]
             self.level[rid] += 1
+
+    def _forget(self, finished: Sequence[Request]) -> None:
+        for req in finished:
+            for table in (self.level, self.used, self.last_served):
+                table.pop(req.request_id, None)

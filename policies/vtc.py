@@ -52,10 +52,13 @@ class VTC(Policy):
             counters[req.tenant] += w_in * prompt_part + w_out * (n - prompt_part)
         self._forget(finished)
 
-    def on_decode_steps(self, requests: Sequence[Request], num_steps: int, now: float) -> None:
+    def on_decode_steps(
+        self, requests: Sequence[Request], num_steps: int, finished: Sequence[Request], now: float
+    ) -> None:
         # Exactly num_steps additions of output_weight when it is a whole number.
         for req in requests:
             self.counters[req.tenant] += self.output_weight * num_steps
+        self._forget(finished)
 
     def _forget(self, finished: Sequence[Request]) -> None:
         for req in finished:

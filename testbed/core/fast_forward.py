@@ -1,12 +1,12 @@
 """The simulator's fast path: many plain decode steps applied at once.
 
-Between two events (an arrival, a completion, an admission, a preemption), a
-busy engine mostly repeats the same step: every running request decodes one
-token. :func:`decode_horizon` says for how many steps that is guaranteed to
-hold; :func:`advance_decode` applies them in one go. The result is the same as
-stepping one at a time (a test proves it): the same tokens, the same
-timestamps, the same KV usage per step; only which free block a request gets
-may differ, which nothing observable depends on.
+Between two events (an arrival, an admission, a preemption), a busy engine
+mostly repeats the same step: every running request decodes one token (and in
+the last such step some may finish). :func:`decode_horizon` says for how many
+steps that is guaranteed to hold; :func:`advance_decode` applies them in one
+go. The result is the same as stepping one at a time (a test proves it): the
+same tokens, the same timestamps, the same KV usage per step; only which free
+block a request gets may differ, which nothing observable depends on.
 
 Only a data plane that samples stand-in tokens (the simulator) may use this.
 """
@@ -17,18 +17,8 @@ from collections.abc import Sequence
 from itertools import repeat
 
 from testbed.core.policy import Policy
-from testbed.core.request import Request
+from testbed.core.request import Request, RequestStatus
 from testbed.core.scheduler import STAND_IN_TOKEN, Scheduler
-
-
-def _is_plain_decode(req: Request) -> bool:
-    params = req.sampling_params
-    return (
-        req.num_computed_tokens == req.num_tokens - 1
-        and not req.spec_token_ids
-        and (params.ignore_eos or req.eos_token_id != STAND_IN_TOKEN)
-        and STAND_IN_TOKEN not in params.stop_token_ids
-    )
 
 
 def _new_blocks(reqs: Sequence[Request], have: Sequence[int], bs: int, k: int) -> int:
@@ -41,7 +31,8 @@ def _new_blocks(reqs: Sequence[Request], have: Sequence[int], bs: int, k: int) -
 
 def decode_horizon(sched: Scheduler, max_steps: int) -> int:
     """How many next steps are certainly plain decodes of every running request,
-    with no admission, preemption or completion (0 when not certain)."""
+    with no admission or preemption, and completions only in the last (0 when not
+    certain)."""
     running, cfg, policy = sched.running, sched.config, sched.policy
     if max_steps <= 0 or not running or sched.loading or sched.ready or sched._newly_finished:
         return 0
@@ -62,9 +53,20 @@ def decode_horizon(sched: Scheduler, max_steps: int) -> int:
         return 0
     horizon = max_steps
     for req in running:
-        if not _is_plain_decode(req):
+        # A plain decode: only the last sampled token is uncomputed, no drafts, and
+        # the stand-in token cannot stop it.
+        num_tokens = req.num_prompt_tokens + len(req.output_token_ids)
+        params = req.sampling_params
+        if (
+            req.num_computed_tokens != num_tokens - 1
+            or req.spec_token_ids
+            or (req.eos_token_id == STAND_IN_TOKEN and not params.ignore_eos)
+            or (params.stop_token_ids and STAND_IN_TOKEN in params.stop_token_ids)
+        ):
             return 0
-        horizon = min(horizon, req.max_num_tokens - req.num_tokens - 1)
+        left = req.max_num_tokens - num_tokens  # steps until its last token
+        if left < horizon:
+            horizon = left
     if horizon <= 0:
         return 0
     kv = sched.kv
@@ -82,9 +84,10 @@ def decode_horizon(sched: Scheduler, max_steps: int) -> int:
     return lo
 
 
-def advance_decode(sched: Scheduler, end_times: Sequence[float]) -> list[int]:
+def advance_decode(sched: Scheduler, end_times: Sequence[float]) -> tuple[list[int], list[Request]]:
     """Apply ``len(end_times)`` plain decode steps ending at these times (within the
-    horizon). Returns the number of blocks in use during each step."""
+    horizon). Returns the number of blocks in use during each step, and the requests
+    that finished in the last."""
     k = len(end_times)
     kv = sched.kv
     bs = kv.block_size
@@ -94,21 +97,36 @@ def advance_decode(sched: Scheduler, end_times: Sequence[float]) -> list[int]:
         c = req.num_computed_tokens
         # Step j computes the token at position c + j - 1, so needs c + j slots.
         j = len(kv.req_to_blocks[req.request_id]) * bs - c + 1
-        while j <= k:
-            grow[j] += 1
-            j += bs
-        if kv.allocate_slots(req, k) is None:
-            raise AssertionError("advance_decode went past decode_horizon")
+        if j <= k:
+            while j <= k:
+                grow[j] += 1
+                j += bs
+            if kv.allocate_slots(req, k) is None:
+                raise AssertionError("advance_decode went past decode_horizon")
         req.num_computed_tokens = c + k
         if req.first_token_time is None:  # its last prompt token was left for this step
             req.first_token_time = end_times[0]
         req.output_token_ids.extend(repeat(STAND_IN_TOKEN, k))
         req.token_times.extend(end_times)
-        kv.cache_blocks(req)
-    sched.policy.on_decode_steps(sched.running, k, end_times[-1])
+        if (c + k) // bs > c // bs:  # a block filled up: it may become findable
+            kv.cache_blocks(req)
+    running = sched.running
+    finished = [
+        r for r in running if r.num_prompt_tokens + len(r.output_token_ids) >= r.max_num_tokens
+    ]
+    now = end_times[-1]
+    for req in finished:
+        req.status, req.finish_reason, req.finish_time = (
+            RequestStatus.FINISHED_LENGTH,
+            "length",
+            now,
+        )
+    if finished:
+        sched.retire(finished)
+    sched.policy.on_decode_steps(running, k, finished, now)
     sched.advance_step_ids(k)
     out = []
     for j in range(1, k + 1):
         used += grow[j]
         out.append(used)
-    return out
+    return out, finished

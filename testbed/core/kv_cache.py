@@ -19,7 +19,7 @@ only when a block is reallocated.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
@@ -57,7 +57,9 @@ class BlockPool:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
-        self.free_uncached: deque[KVCacheBlock] = deque(self.blocks)
+        # Free blocks without findable contents, used as a stack (any is as good
+        # as another; a stack hands them out in slices).
+        self.free_uncached: list[KVCacheBlock] = self.blocks[::-1]
         # Free blocks whose contents are still findable, oldest-freed first.
         self.free_cached: OrderedDict[int, KVCacheBlock] = OrderedDict()
         self.cached: dict[tuple[int, Hashable], KVCacheBlock] = {}
@@ -73,16 +75,18 @@ class BlockPool:
         return len(self.free_uncached) + len(self.free_cached)
 
     def allocate(self, n: int) -> list[KVCacheBlock]:
-        """Take ``n`` free blocks (the caller has checked there are enough)."""
-        out = []
-        for _ in range(n):
-            if self.free_uncached:
-                block = self.free_uncached.popleft()
-            else:
-                _, block = self.free_cached.popitem(last=False)
-                self._evict(block)
-            block.ref_cnt = 1
+        """Take ``n`` free blocks (the caller has checked there are enough):
+        blocks without cached contents first, then the least recently freed."""
+        free = self.free_uncached
+        take = min(n, len(free))
+        out = free[len(free) - take :]
+        del free[len(free) - take :]
+        for _ in range(n - take):
+            _, block = self.free_cached.popitem(last=False)
+            self._evict(block)
             out.append(block)
+        for block in out:
+            block.ref_cnt = 1
         return out
 
     def _evict(self, block: KVCacheBlock) -> None:
@@ -159,6 +163,9 @@ class KVCacheManager:
         # Per request: cache ids of its leading full blocks that are registered
         # (their own or the canonical copy's); the last is the next block's parent.
         self.req_to_chain: dict[str, list[int]] = {}
+        # Requests whose next block's contents are unknown for good (a
+        # length-only prompt ends there): nothing more of theirs is cacheable.
+        self._chain_closed: set[str] = set()
         self.stats = PrefixCacheStats()
 
     # --- queries ---
@@ -260,16 +267,20 @@ class KVCacheManager:
         block is never findable before its KV is written, and a request
         preempted before its step ran leaves nothing half-written in the cache.
         """
-        chain = self.req_to_chain.get(request.request_id)
+        rid = request.request_id
+        chain = self.req_to_chain.get(rid)
         if chain is None:
             return
         num_full = request.num_computed_tokens // self.block_size
-        if num_full <= len(chain) or not self.enable_prefix_caching:
+        if num_full <= len(chain) or not self.enable_prefix_caching or rid in self._chain_closed:
             return
-        blocks = self.req_to_blocks[request.request_id]
+        blocks = self.req_to_blocks[rid]
         for i in range(len(chain), num_full):
             content = request.block_content(i, self.block_size)
             if content is None:
+                # Computed tokens of a prompt with ids are all known, so None
+                # means contents that no later step will reveal.
+                self._chain_closed.add(rid)
                 return
             parent = chain[-1] if chain else ROOT_ID
             chain.append(self.pool.register(blocks[i], (parent, content)))
@@ -278,6 +289,7 @@ class KVCacheManager:
         """Release the request's blocks (tail first, so shared heads are evicted last)."""
         blocks = self.req_to_blocks.pop(request.request_id, None)
         self.req_to_chain.pop(request.request_id, None)
+        self._chain_closed.discard(request.request_id)
         if blocks:
             self.pool.release(blocks[::-1])
 

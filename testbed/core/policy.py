@@ -139,10 +139,13 @@ class Policy:
     def on_step(self, output: SchedulerOutput, finished: Sequence[Request], now: float) -> None:
         """Sees each step after its tokens are accounted (for stateful policies)."""
 
-    def on_decode_steps(self, requests: Sequence[Request], num_steps: int, now: float) -> None:
+    def on_decode_steps(
+        self, requests: Sequence[Request], num_steps: int, finished: Sequence[Request], now: float
+    ) -> None:
         """Sees ``num_steps`` steps at once in which each of ``requests`` decoded one
-        token and nothing else happened (the simulator's fast path). A policy that
-        overrides :meth:`on_step` must override this too, else the fast path is off."""
+        token and nothing else happened but, in the last, ``finished`` finishing (the
+        simulator's fast path). A policy that overrides :meth:`on_step` must override
+        this too, else the fast path is off."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(victim={self.victim!r})"

@@ -388,7 +388,7 @@ class Scheduler:
             for rid in result.finished_recving:
                 self._finish_kv_load(rid, now)
         if finished:
-            self._retire(finished)
+            self.retire(finished)
         if self._has_on_step:
             self.policy.on_step(out, finished, now)
         return finished
@@ -415,7 +415,8 @@ class Scheduler:
             return True
         return False
 
-    def _retire(self, finished: list[Request]) -> None:
+    def retire(self, finished: list[Request]) -> None:
+        """Free requests that have just finished (from a step or the fast path)."""
         # Rejected and aborted requests were taken out where that happened.
         done = {id(r) for r in finished if r.status in _STOPPED}
         if not done:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from itertools import repeat
 
 COLUMNS = (
     ("replica", "i"),
@@ -56,25 +56,32 @@ class StepLog:
     def add_decode_steps(
         self,
         replica: int,
-        starts: Sequence[float],
-        latencies: Sequence[float],
+        starts,
+        latencies,
         num_reqs: int,
-        kv_usages: Sequence[float],
+        kv_usages,
         num_waiting: int,
+        num_running_after: int,
     ) -> None:
-        """Rows for plain decode steps applied at once (the simulator's fast path)."""
+        """Rows for plain decode steps applied at once (the simulator's fast path);
+        the per-step columns come as float64 numpy arrays. Requests may finish in
+        the last step: ``num_running_after`` is then fewer than ``num_reqs``."""
         k = len(starts)
         c = self.columns
-        c["replica"].extend([replica] * k)
-        c["start_s"].extend(starts)
-        c["latency_s"].extend(latencies)
-        c["num_reqs"].extend([num_reqs] * k)
-        c["num_prefill_tokens"].extend([0] * k)
-        c["num_decode_tokens"].extend([num_reqs] * k)
-        c["kv_usage"].extend(kv_usages)
-        c["num_waiting"].extend([num_waiting] * k)
-        c["num_running"].extend([num_reqs] * k)
-        c["num_preempted"].extend([0] * k)
+        c["start_s"].frombytes(starts.tobytes())
+        c["latency_s"].frombytes(latencies.tobytes())
+        c["kv_usage"].frombytes(kv_usages.tobytes())
+        for name, value in (
+            ("replica", replica),
+            ("num_reqs", num_reqs),
+            ("num_prefill_tokens", 0),
+            ("num_decode_tokens", num_reqs),
+            ("num_waiting", num_waiting),
+            ("num_running", num_reqs),
+            ("num_preempted", 0),
+        ):
+            c[name].extend(repeat(value, k))
+        c["num_running"][-1] = num_running_after
 
     def to_frame(self):
         """The rows in time order (replicas' steps interleaved by start time)."""

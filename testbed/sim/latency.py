@@ -41,12 +41,13 @@ def step_features(so: SchedulerOutput) -> tuple[int, int, float, int]:
     return len(so.requests), so.total_num_scheduled_tokens, pairs, kv
 
 
-def decode_features(num_reqs: int, context_tokens: int) -> tuple[int, int, float, int]:
-    """Features of a step where each of ``num_reqs`` requests decodes one token after
-    ``context_tokens`` cached tokens in total. Equal to :func:`step_features` of such
-    a step, so the simulator's fast path predicts exactly what a full step would."""
-    kv = context_tokens + num_reqs
-    return num_reqs, num_reqs, float(kv), kv
+def decode_latencies(model: LatencyModel, num_reqs: int, context_tokens: int, k: int):
+    """Latencies of ``k`` steps in which each of ``num_reqs`` requests decodes one
+    token, after ``context_tokens`` cached tokens in total at the first. Bit for bit
+    what :func:`step_features` + ``predict`` give for each such step, so the
+    simulator's fast path predicts exactly what stepping would."""
+    kv = context_tokens + num_reqs * np.arange(1, k + 1, dtype=np.int64)
+    return model.predict_many(num_reqs, num_reqs, kv.astype(np.float64), kv)
 
 
 class LatencyModel(Protocol):
@@ -55,6 +56,13 @@ class LatencyModel(Protocol):
 
     def predict(self, num_reqs: int, num_tokens: int, attn_pairs: float, kv_tokens: int) -> float:
         """Seconds one step with this composition takes."""
+        ...
+
+    def predict_many(
+        self, num_reqs: int, num_tokens: int, attn_pairs: np.ndarray, kv_tokens: np.ndarray
+    ) -> np.ndarray:
+        """:meth:`predict` over arrays of attention work, with the same float operations
+        in the same order (so each element equals the scalar prediction exactly)."""
         ...
 
 
@@ -112,6 +120,12 @@ class RooflineModel:
         hw = self.hw
         return hw.step_overhead_s + hw.request_overhead_s * num_reqs + linear + attention
 
+    def predict_many(self, num_reqs, num_tokens, attn_pairs, kv_tokens):
+        linear = max(num_tokens * self._s_per_token_flops, self._s_weights)
+        attention = np.maximum(attn_pairs * self._s_per_pair, kv_tokens * self._s_per_kv_token)
+        hw = self.hw
+        return hw.step_overhead_s + hw.request_overhead_s * num_reqs + linear + attention
+
 
 FEATURES = ("num_reqs", "num_tokens", "attn_pairs", "kv_tokens")
 
@@ -161,6 +175,7 @@ class ProfileModel:
         y = table["latency_s"].to_numpy(float)
         # Fit relative error: scale rows by 1/y so short steps count as much as long ones.
         self.coef = nnls(x / y[:, None], np.ones_like(y))
+        self._coef = tuple(float(c) for c in self.coef)  # Python floats: cheap scalar math
         pred = x @ self.coef
         self.fit_rel_error = float(np.median(np.abs(pred - y) / y))
         self.source = (
@@ -169,10 +184,12 @@ class ProfileModel:
         )
 
     def predict(self, num_reqs: int, num_tokens: int, attn_pairs: float, kv_tokens: int) -> float:
-        c = self.coef
-        return float(
-            c[0] + c[1] * num_reqs + c[2] * num_tokens + c[3] * attn_pairs + c[4] * kv_tokens
-        )
+        c0, c1, c2, c3, c4 = self._coef
+        return c0 + c1 * num_reqs + c2 * num_tokens + c3 * attn_pairs + c4 * kv_tokens
+
+    def predict_many(self, num_reqs, num_tokens, attn_pairs, kv_tokens):
+        c0, c1, c2, c3, c4 = self._coef
+        return c0 + c1 * num_reqs + c2 * num_tokens + c3 * attn_pairs + c4 * kv_tokens
 
 
 def read_profile_header(path: Path) -> dict[str, str]:

@@ -14,20 +14,33 @@ events. Between events, plain decode steps are applied in jumps (see
 
 from __future__ import annotations
 
+import math
 import time
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import simpy
 
 from policies.routers import RoundRobin, Router
 from testbed.core import EngineCore, Request
 from testbed.core.fast_forward import advance_decode, decode_horizon
 from testbed.metrics import StepLog
-from testbed.sim.latency import decode_features
+from testbed.sim.latency import decode_latencies
 
 MAX_JUMP = 4096  # steps per jump at most (bounds the arrays built per jump)
+
+
+def delay_to(now: float, target: float) -> float:
+    """A delay that simpy adds to ``now`` to land exactly on ``target`` (``target -
+    now`` alone may miss it by an ulp, and stepping would land on it exactly)."""
+    d = target - now
+    while now + d < target:
+        d = math.nextafter(d, math.inf)
+    while now + d > target:
+        d = math.nextafter(d, -math.inf)
+    return d
 
 
 @dataclass
@@ -105,29 +118,37 @@ class Replica:
     def _jump(self, k: int, sched, log: StepLog, latency_model):
         """Apply up to ``k`` plain decode steps, stopping at the next arrival."""
         env = self.sim.env
+        now, next_arrival = env.now, self.sim.dispatcher.next_arrival_time
         n = len(sched.running)
         ctx = sum(r.num_computed_tokens for r in sched.running)
-        next_arrival = self.sim.dispatcher.next_arrival_time
-        predict = latency_model.predict
-        t = env.now
-        starts, lats, ends = array("d"), array("d"), array("d")
-        for j in range(k):
-            if j and t >= next_arrival:
-                break
-            lat = predict(*decode_features(n, ctx))
-            starts.append(t)
-            lats.append(lat)
-            t = t + lat
-            ends.append(t)
-            ctx += n
-        used = advance_decode(sched, ends)
+        if next_arrival < float("inf"):
+            # Steps only get longer as contexts grow: the first bounds how many fit.
+            first = decode_latencies(latency_model, n, ctx, 1)[0]
+            k = min(k, int((next_arrival - now) / first) + 2)
+        lat = decode_latencies(latency_model, n, ctx, k)
+        times = np.empty(len(lat) + 1)
+        times[0] = now
+        times[1:] = lat
+        np.cumsum(times, out=times)  # sequential sums: the same floats as stepping
+        # Step j (j >= 1) runs only if it starts before the next arrival.
+        m = 1 + int(np.searchsorted(times[1:-1], next_arrival, side="left"))
+        ends = times[1 : m + 1]
+        used, finished = advance_decode(sched, array("d", ends.tobytes()))
         total = sched.kv.num_blocks
         log.add_decode_steps(
-            self.index, starts, lats, n, [u / total for u in used], len(sched.waiting)
+            self.index,
+            times[:m],
+            lat[:m],
+            n,
+            np.asarray(used, dtype=np.float64) / total,
+            len(sched.waiting),
+            n - len(finished),
         )
         self.sim.num_jumps += 1
-        self.sim.num_jumped_steps += len(ends)
-        yield env.timeout(t - env.now)
+        self.sim.num_jumped_steps += m
+        yield env.timeout(delay_to(now, float(ends[-1])))
+        if finished:
+            self._finished(finished)
 
     def _finished(self, finished: Sequence[Request]) -> None:
         self.num_outstanding -= len(finished)
