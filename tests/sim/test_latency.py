@@ -1,0 +1,74 @@
+"""Latency models: the roofline's physics, the profile reader and its extrapolation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from testbed.sim.latency import ProfileModel, decode_latencies, nnls
+from tests.sim.helpers import latency_model
+
+
+def test_roofline_decode_is_bound_by_weight_reads_and_grows_with_context():
+    model = latency_model("llama3-8b", "h200")
+    floor = model.model.weight_bytes("bfloat16") / 4.8e12  # 16 GB at 4.8 TB/s = 3.35 ms
+    one = model.predict(1, 1, 1025.0, 1025)
+    assert one > floor and floor == pytest.approx(3.35e-3, rel=0.02)
+    batch = model.predict(64, 64, 64 * 4097.0, 64 * 4097)
+    assert batch > one  # KV reads of 64 x 4k contexts add to the weights
+    prefill = model.predict(1, 4096, 4096 * 2048.5, 4096)
+    assert prefill > 2 * 8e9 * 4096 / 989e12  # at least the FLOPs at peak
+
+
+def test_vectorized_decode_latencies_equal_scalar_predictions_exactly():
+    model = latency_model("llama3-8b", "h200")
+    lat = decode_latencies(model, 7, 12_345, 50)
+    scalar = [model.predict(7, 7, float(12_345 + 7 * j), 12_345 + 7 * j) for j in range(1, 51)]
+    assert lat.tolist() == scalar
+
+
+def write_profile(path, rows, header="# device: test-device\n# date: 2026-11-29\n"):
+    lines = [header + "kind,num_reqs,num_tokens,attn_pairs,kv_tokens,latency_s"]
+    lines += [f"step,{r},{t},{p},{k},{lat}" for r, t, p, k, lat in rows]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_profile_model_fits_a_measured_table_and_extrapolates_sanely(tmp_path):
+    rng = np.random.default_rng(0)
+    truth = np.array([2e-3, 1e-4, 2e-6, 1e-10, 5e-9])  # overheads, tokens, pairs, kv
+    rows = []
+    for reqs in (1, 4, 16, 64):
+        for tokens_per in (1, 32, 256):
+            ctx = int(rng.integers(64, 4096))
+            t, p, k = reqs * tokens_per, reqs * tokens_per * (ctx + tokens_per / 2), reqs * ctx
+            lat = truth @ [1, reqs, t, p, k] * (1 + 0.02 * rng.standard_normal())
+            rows.append((reqs, t, p, k, lat))
+    path = tmp_path / "m.csv"
+    write_profile(path, rows)
+    model = ProfileModel(path)
+    assert model.header["device"] == "test-device" and model.kind == "profile"
+    assert model.fit_rel_error < 0.05
+    assert (model.coef >= 0).all()
+    # Far outside the grid: positive, finite and at most linear growth.
+    small, big = model.predict(1, 1, 1.0, 1), model.predict(1024, 65536, 1e11, 1e8)
+    assert 0 < small < big < np.inf
+    assert model.predict(2048, 131072, 2e11, 2e8) <= 2.01 * big
+
+
+def test_profile_model_rejects_incomplete_tables(tmp_path):
+    path = tmp_path / "bad.csv"
+    path.write_text("num_reqs,latency_s\n1,0.1\n")
+    with pytest.raises(ValueError, match="lacks columns"):
+        ProfileModel(path)
+    write_profile(path, [(1, 1, 1.0, 1, 0.1)])
+    with pytest.raises(ValueError, match="too few"):
+        ProfileModel(path)
+
+
+def test_nnls_matches_an_unconstrained_fit_when_that_is_nonnegative_and_clips_otherwise():
+    rng = np.random.default_rng(1)
+    a = rng.random((40, 3))
+    x = nnls(a, a @ np.array([1.0, 2.0, 3.0]))
+    assert np.allclose(x, [1, 2, 3])
+    x = nnls(a, a @ np.array([1.0, -2.0, 3.0]))
+    assert (x >= 0).all() and x[1] == 0

@@ -1,0 +1,135 @@
+"""End-to-end simulated runs through Hydra's compose API."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_dir
+
+from testbed.runner import run_from_config
+from traces import traces_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+QUIET = ["logging=disabled", "progress=false", "plots=false"]
+
+
+def compose_cfg(*overrides: str):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        return compose("config", overrides=list(overrides))
+
+
+def run(tmp_path: Path, *overrides: str, name: str = "run") -> dict:
+    return run_from_config(compose_cfg(*QUIET, *overrides), tmp_path / name)
+
+
+def test_default_run_writes_the_run_directory(tmp_path):
+    m = run_from_config(compose_cfg("logging=disabled", "progress=false",
+                                    "trace.num_requests=40"), tmp_path)  # fmt: skip
+    for f in ("metrics.json", "requests.csv", "steps.csv", "ttft_cdf.png", "tpot_cdf.png",
+              "timeline.png"):  # fmt: skip
+        assert (tmp_path / f).exists(), f
+    saved = json.loads((tmp_path / "metrics.json").read_text())
+    required = ["mode", "policy", "trace", "model", "hardware", "num_requests", "num_finished",
+                "num_rejected", "duration_s", "throughput_req_s", "throughput_output_tok_s",
+                "throughput_total_tok_s", "num_preemptions", "prefix_cache_hit_rate",
+                "goodput_req_s", "slo_attainment", "kv_usage_mean", "kv_usage_max", "wall_s",
+                "latency_model"]  # fmt: skip
+    for base in ("ttft_s", "tpot_s", "itl_s", "e2e_s", "queue_s"):
+        required += [f"{base}_{s}" for s in ("mean", "p50", "p90", "p99")]
+    assert not [k for k in required if k not in saved]
+    assert m["num_finished"] == m["num_requests"] == 40
+    reqs = pd.read_csv(tmp_path / "requests.csv")
+    steps = pd.read_csv(tmp_path / "steps.csv")
+    assert len(reqs) == 40 and len(steps) == m["num_steps"]
+    assert (reqs["first_token_s"] >= reqs["first_scheduled_s"]).all()
+    assert (reqs["first_scheduled_s"] >= reqs["arrival_s"]).all()
+
+
+def test_same_seed_same_metrics_and_throughput_identity(tmp_path):
+    a = run(tmp_path, "trace.num_requests=60", name="a")
+    b = run(tmp_path, "trace.num_requests=60", name="b")
+    c = run(tmp_path, "trace.num_requests=60", "seed=1", name="c")
+    skip = {"wall_s", "sim_wall_s", "sim_requests_per_wall_s"}
+    assert {k: v for k, v in a.items() if k not in skip} == {
+        k: v for k, v in b.items() if k not in skip
+    }
+    assert a["e2e_s_mean"] != c["e2e_s_mean"]
+    reqs = pd.read_csv(tmp_path / "a" / "requests.csv")
+    done = reqs[reqs["status"].str.startswith("finished")]
+    duration = done["finish_s"].max() - reqs["arrival_s"].min()
+    assert a["throughput_output_tok_s"] == pytest.approx(done["output_tokens"].sum() / duration)
+    assert a["duration_s"] == pytest.approx(duration)
+
+
+def test_policies_change_the_outcome_under_load(tmp_path):
+    """Heavy load on a small cache: SJF must beat FCFS on mean E2E (the same trace)."""
+    load = ["trace.num_requests=150", "trace.rate=40", "engine.num_kv_blocks=400"]
+    fcfs = run(tmp_path, *load, "policy=fcfs", name="fcfs")
+    sjf = run(tmp_path, *load, "policy=sjf", name="sjf")
+    assert sjf["e2e_s_mean"] < fcfs["e2e_s_mean"]
+
+
+def test_partial_run_still_writes_what_it_measured(tmp_path):
+    m = run(tmp_path, "mode.max_sim_time_s=20")
+    assert m["partial"] is True and "max_sim_time_s" in m["stop_reason"]
+    assert 0 < m["num_finished"] < m["num_requests"]
+    reqs = pd.read_csv(tmp_path / "run" / "requests.csv")
+    assert m["num_unfinished"] == reqs["status"].isin(["waiting", "running", "preempted"]).sum() > 0
+
+
+def test_oversized_requests_are_rejected_with_reasons(tmp_path):
+    m = run(tmp_path, "trace.num_requests=50", "engine.max_model_len=300")
+    reqs = pd.read_csv(tmp_path / "run" / "requests.csv")
+    rejected = reqs[reqs["status"] == "rejected"]
+    assert m["num_rejected"] == len(rejected) > 0
+    assert rejected["reason"].str.contains("max_model_len").all()
+    assert m["num_finished"] + m["num_rejected"] == 50
+
+
+def test_wandb_offline_writes_its_run_folder(tmp_path):
+    wandb_dir = tmp_path / "wb"
+    run(tmp_path, "trace.num_requests=20", "logging=offline", f"logging.wandb.dir={wandb_dir}",
+        "logging.wandb.group=test-group")  # fmt: skip
+    runs = list((wandb_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
+
+
+@pytest.mark.parametrize("trace", ["azure_conv", "mooncake_conv", "sharegpt"])
+def test_real_traces_run(tmp_path, trace):
+    if not traces_dir().exists():
+        pytest.skip(f"shared traces not found at {traces_dir()} (set TESTBED_TRACES_DIR)")
+    m = run(tmp_path, f"trace={trace}", "trace.num_requests=200", "model=llama3-8b",
+            "hardware=h200", "engine.max_num_batched_tokens=8192")  # fmt: skip
+    assert m["num_finished"] + m["num_rejected"] == 200
+    if trace == "mooncake_conv":
+        assert m["prefix_cache_hit_rate"] > 0.1  # the trace's shared prefixes hit
+
+
+@pytest.mark.slow
+def test_hydra_sweeps_with_the_basic_and_joblib_launchers(tmp_path):
+    for launcher in ("basic", "joblib"):
+        out = tmp_path / launcher
+        cmd = [sys.executable, str(ROOT / "run.py"), "-m", f"hydra/launcher={launcher}",
+               "policy=fcfs,sjf", "trace.num_requests=30", *QUIET,
+               f"hydra.sweep.dir={out}"]  # fmt: skip
+        res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
+        assert res.returncode == 0, res.stderr[-2000:]
+        policies = sorted(json.loads(p.read_text())["policy"] for p in out.glob("*/metrics.json"))
+        assert policies == ["fcfs", "sjf"]
+
+
+def test_a_profile_for_the_hardware_and_model_replaces_the_roofline(tmp_path):
+    from tests.sim.test_latency import write_profile
+
+    rows = [(r, r * t, r * t * 300.0, r * 300, 1e-3 + 1e-4 * r + 1e-6 * r * t)
+            for r in (1, 2, 4, 8) for t in (1, 16, 64)]  # fmt: skip
+    (tmp_path / "profiles" / "cpu").mkdir(parents=True)
+    write_profile(tmp_path / "profiles" / "cpu" / "dummy-llama.csv", rows)
+    m = run(tmp_path, "trace.num_requests=20", f"profiles_dir={tmp_path / 'profiles'}")
+    assert m["latency_model"] == "profile" and "dummy-llama.csv" in m["latency_model_source"]
+    assert run(tmp_path, "trace.num_requests=20", name="r2")["latency_model"] == "roofline"
