@@ -14,10 +14,11 @@ Only a data plane that samples stand-in tokens (the simulator) may use this.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import repeat
 
 from testbed.core.policy import Policy
 from testbed.core.request import Request, RequestStatus
+
+FINISHED_LENGTH = RequestStatus.FINISHED_LENGTH
 from testbed.core.scheduler import STAND_IN_TOKEN, Scheduler
 
 
@@ -71,6 +72,8 @@ def decode_horizon(sched: Scheduler, max_steps: int) -> int:
         return 0
     kv = sched.kv
     bs, free = kv.block_size, kv.num_free_blocks
+    if len(running) * (horizon // bs + 1) <= free:
+        return horizon  # even a new block each per block_size steps fits
     have = [len(kv.req_to_blocks[r.request_id]) for r in running]
     if _new_blocks(running, have, bs, horizon) <= free:
         return horizon
@@ -93,10 +96,15 @@ def advance_decode(sched: Scheduler, end_times: Sequence[float]) -> tuple[list[i
     bs = kv.block_size
     used = kv.num_blocks - kv.num_free_blocks
     grow = [0] * (k + 1)
-    for req in sched.running:
+    blocks_of = kv.req_to_blocks
+    stand_ins = [STAND_IN_TOKEN] * k
+    now = end_times[-1]
+    finished = []
+    running = sched.running
+    for req in running:
         c = req.num_computed_tokens
         # Step j computes the token at position c + j - 1, so needs c + j slots.
-        j = len(kv.req_to_blocks[req.request_id]) * bs - c + 1
+        j = len(blocks_of[req.request_id]) * bs - c + 1
         if j <= k:
             while j <= k:
                 grow[j] += 1
@@ -106,21 +114,14 @@ def advance_decode(sched: Scheduler, end_times: Sequence[float]) -> tuple[list[i
         req.num_computed_tokens = c + k
         if req.first_token_time is None:  # its last prompt token was left for this step
             req.first_token_time = end_times[0]
-        req.output_token_ids.extend(repeat(STAND_IN_TOKEN, k))
+        out_ids = req.output_token_ids
+        out_ids.extend(stand_ins)
         req.token_times.extend(end_times)
         if (c + k) // bs > c // bs:  # a block filled up: it may become findable
             kv.cache_blocks(req)
-    running = sched.running
-    finished = [
-        r for r in running if r.num_prompt_tokens + len(r.output_token_ids) >= r.max_num_tokens
-    ]
-    now = end_times[-1]
-    for req in finished:
-        req.status, req.finish_reason, req.finish_time = (
-            RequestStatus.FINISHED_LENGTH,
-            "length",
-            now,
-        )
+        if req.num_prompt_tokens + len(out_ids) >= req.max_num_tokens:
+            req.status, req.finish_reason, req.finish_time = FINISHED_LENGTH, "length", now
+            finished.append(req)
     if finished:
         sched.retire(finished)
     sched.policy.on_decode_steps(running, k, finished, now)

@@ -103,14 +103,15 @@ class BlockPool:
 
     def release(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Drop one reference to each block, in the order given (evicted last first)."""
+        to_stack, cached = self.free_uncached.append, self.free_cached
         for block in blocks:
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
+            n = block.ref_cnt = block.ref_cnt - 1
+            if n == 0:
                 if block.cache_key is None:
-                    self.free_uncached.append(block)
+                    to_stack(block)
                 else:
-                    self.free_cached[block.block_id] = block
-            elif block.ref_cnt < 0:
+                    cached[block.block_id] = block
+            elif n < 0:
                 raise AssertionError(f"{block} freed twice")
 
     def register(self, block: KVCacheBlock, key: tuple[int, Hashable]) -> int:
@@ -239,11 +240,13 @@ class KVCacheManager:
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * bs
         num_required = -(-(num_computed + num_new_tokens + num_lookahead_tokens) // bs)
         num_new_blocks = num_required - len(blocks) - len(new_computed_blocks)
-        if num_new_blocks > 0 or new_computed_blocks:
+        pool = self.pool
+        num_free = len(pool.free_uncached) + len(pool.free_cached)
+        if new_computed_blocks:
             # Hit blocks that sit in the free pool leave it when referenced.
-            num_reviving = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
-            if num_new_blocks > self.pool.num_free_blocks - num_reviving:
-                return None
+            num_free -= sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        if num_new_blocks > num_free:
+            return None
         if blocks is _EMPTY:
             blocks = self.req_to_blocks[req_id] = []
             self.req_to_chain[req_id] = []

@@ -1,32 +1,34 @@
-"""Per-step records, kept as columns (a day of simulated steps is millions of rows)."""
+"""Per-step records (``steps.csv``), kept compact: a day of simulated steps is
+millions of rows.
+
+Times, latencies and KV usage are stored per step. The integer columns are
+stored run-length encoded: a simulator jump over many plain decode steps is one
+run, so logging it costs the same as logging one step.
+"""
 
 from __future__ import annotations
 
 from array import array
-from itertools import repeat
 
-COLUMNS = (
-    ("replica", "i"),
-    ("start_s", "d"),
-    ("latency_s", "d"),
-    ("num_reqs", "i"),
-    ("num_prefill_tokens", "i"),
-    ("num_decode_tokens", "i"),
-    ("kv_usage", "d"),
-    ("num_waiting", "i"),
-    ("num_running", "i"),
-    ("num_preempted", "i"),
-)
+import numpy as np
+
+FLOAT_COLUMNS = ("start_s", "latency_s", "kv_usage")
+INT_COLUMNS = ("replica", "num_reqs", "num_prefill_tokens", "num_decode_tokens",
+               "num_waiting", "num_running", "num_preempted")  # fmt: skip
+ORDER = ("replica", "start_s", "latency_s", "num_reqs", "num_prefill_tokens",
+         "num_decode_tokens", "kv_usage", "num_waiting", "num_running", "num_preempted")  # fmt: skip
 
 
 class StepLog:
-    """One row per engine step, in both modes (``steps.csv``)."""
+    """One row per engine step, in both modes."""
 
     def __init__(self) -> None:
-        self.columns = {name: array(code) for name, code in COLUMNS}
+        self._floats = {name: array("d") for name in FLOAT_COLUMNS}
+        self._ints = {name: array("q") for name in INT_COLUMNS}
+        self._runs = array("q")  # how many consecutive rows share the integer values
 
     def __len__(self) -> int:
-        return len(self.columns["start_s"])
+        return len(self._floats["start_s"])
 
     def add(
         self,
@@ -41,55 +43,62 @@ class StepLog:
         num_running: int,
         num_preempted: int,
     ) -> None:
-        c = self.columns
-        c["replica"].append(replica)
-        c["start_s"].append(start_s)
-        c["latency_s"].append(latency_s)
-        c["num_reqs"].append(num_reqs)
-        c["num_prefill_tokens"].append(num_prefill_tokens)
-        c["num_decode_tokens"].append(num_decode_tokens)
-        c["kv_usage"].append(kv_usage)
-        c["num_waiting"].append(num_waiting)
-        c["num_running"].append(num_running)
-        c["num_preempted"].append(num_preempted)
+        f, i = self._floats, self._ints
+        f["start_s"].append(start_s)
+        f["latency_s"].append(latency_s)
+        f["kv_usage"].append(kv_usage)
+        self._run(1, replica, num_reqs, num_prefill_tokens, num_decode_tokens, num_waiting,
+                  num_running, num_preempted)  # fmt: skip
+
+    def _run(self, n, replica, reqs, prefill, decode, waiting, running, preempted) -> None:
+        i = self._ints
+        self._runs.append(n)
+        i["replica"].append(replica)
+        i["num_reqs"].append(reqs)
+        i["num_prefill_tokens"].append(prefill)
+        i["num_decode_tokens"].append(decode)
+        i["num_waiting"].append(waiting)
+        i["num_running"].append(running)
+        i["num_preempted"].append(preempted)
 
     def add_decode_steps(
         self,
         replica: int,
-        starts,
-        latencies,
+        starts: np.ndarray,
+        latencies: np.ndarray,
         num_reqs: int,
-        kv_usages,
+        kv_usages: np.ndarray,
         num_waiting: int,
         num_running_after: int,
     ) -> None:
         """Rows for plain decode steps applied at once (the simulator's fast path);
-        the per-step columns come as float64 numpy arrays. Requests may finish in
-        the last step: ``num_running_after`` is then fewer than ``num_reqs``."""
+        the per-step columns come as float64 arrays. Requests may finish in the
+        last step: ``num_running_after`` is then fewer than ``num_reqs``."""
         k = len(starts)
-        c = self.columns
-        c["start_s"].frombytes(starts.tobytes())
-        c["latency_s"].frombytes(latencies.tobytes())
-        c["kv_usage"].frombytes(kv_usages.tobytes())
-        for name, value in (
-            ("replica", replica),
-            ("num_reqs", num_reqs),
-            ("num_prefill_tokens", 0),
-            ("num_decode_tokens", num_reqs),
-            ("num_waiting", num_waiting),
-            ("num_running", num_reqs),
-            ("num_preempted", 0),
-        ):
-            c[name].extend(repeat(value, k))
-        c["num_running"][-1] = num_running_after
+        f = self._floats
+        f["start_s"].frombytes(starts.tobytes())
+        f["latency_s"].frombytes(latencies.tobytes())
+        f["kv_usage"].frombytes(kv_usages.tobytes())
+        if num_running_after == num_reqs:
+            self._run(k, replica, num_reqs, 0, num_reqs, num_waiting, num_reqs, 0)
+            return
+        if k > 1:
+            self._run(k - 1, replica, num_reqs, 0, num_reqs, num_waiting, num_reqs, 0)
+        self._run(1, replica, num_reqs, 0, num_reqs, num_waiting, num_running_after, 0)
+
+    def column(self, name: str) -> np.ndarray:
+        """One column, one value per step, in logging order."""
+        if name in self._floats:
+            return np.frombuffer(self._floats[name], dtype=np.float64).copy()
+        runs = np.frombuffer(self._runs, dtype=np.int64)
+        return np.repeat(np.frombuffer(self._ints[name], dtype=np.int64), runs)
 
     def to_frame(self):
         """The rows in time order (replicas' steps interleaved by start time)."""
-        import numpy as np
         import pandas as pd
 
-        frame = pd.DataFrame({name: col for name, col in self.columns.items()})
-        if frame["replica"].nunique() > 1:
+        frame = pd.DataFrame({name: self.column(name) for name in ORDER})
+        if len(frame) and frame["replica"].nunique() > 1:
             # The fast path logs a replica's jump at once: order rows canonically.
             order = np.lexsort((frame["replica"].to_numpy(), frame["start_s"].to_numpy()))
             frame = frame.iloc[order].reset_index(drop=True)

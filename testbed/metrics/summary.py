@@ -159,9 +159,8 @@ def summarize(
     m["num_preemptions"] = int(df["preemptions"].sum())
     m["goodput_req_s"] = per_s(int(met.sum()))
     m["slo_attainment"] = float(met.sum() / len(df)) if len(df) else math.nan
-    cols = steps.columns
-    lat = np.frombuffer(cols["latency_s"], dtype=np.float64)
-    usage = np.frombuffer(cols["kv_usage"], dtype=np.float64)
+    lat = steps.column("latency_s")
+    usage = steps.column("kv_usage")
     busy = lat.sum()
     m["kv_usage_mean"] = float((usage * lat).sum() / busy) if busy > 0 else math.nan
     m["kv_usage_max"] = float(usage.max()) if usage.size else math.nan

@@ -69,15 +69,14 @@ def write_plots(run_dir: Path, requests: pd.DataFrame, steps: StepLog, title: st
         paths.append(run_dir / f"{col.removesuffix('_s')}_cdf.png")
         fig.savefig(paths[-1], dpi=110)
         plt.close(fig)
-    cols = steps.columns
-    t = np.frombuffer(cols["start_s"], dtype=np.float64)
+    t = steps.column("start_s")
     fig, axes = plt.subplots(3, 1, figsize=(7, 6), sharex=True)
     for ax, (name, label) in zip(
         axes,
         (("num_waiting", "queue length"), ("num_reqs", "batch size"), ("kv_usage", "KV usage")),
         strict=True,
     ):
-        v = np.asarray(cols[name], dtype=np.float64)
+        v = steps.column(name).astype(np.float64)
         if t.size:
             ax.plot(*_binned(t, v), lw=1)
         ax.set_ylabel(label)

@@ -50,10 +50,9 @@ def log_run(
         reinit="finish_previous",
     )
     try:
-        cols = steps.columns
-        t = np.frombuffer(cols["start_s"], dtype=np.float64)
+        t = steps.column("start_s")
         series = {
-            k: _binned(t, np.asarray(cols[k], dtype=np.float64), bins=1000)
+            k: _binned(t, steps.column(k).astype(np.float64), bins=1000)
             for k in ("num_waiting", "num_reqs", "kv_usage", "latency_s")
         }
         times = series["num_reqs"][0]

@@ -116,39 +116,52 @@ class Replica:
                 self._finished(res.finished)
 
     def _jump(self, k: int, sched, log: StepLog, latency_model):
-        """Apply up to ``k`` plain decode steps, stopping at the next arrival."""
+        """Apply plain decode steps up to the next arrival: a run of up to ``k``, and
+        after a run that ends in completions, the next run if there is one (one simpy
+        event for all; nothing outside this replica can tell the difference, since
+        only arrivals look at other replicas)."""
         env = self.sim.env
         now, next_arrival = env.now, self.sim.dispatcher.next_arrival_time
+        t = now
+        while True:
+            t, finished = self._decode_run(k, t, next_arrival, sched, log, latency_model)
+            if not finished or t >= next_arrival:
+                break
+            # Finished before the next arrival, the only event that looks at this
+            # replica's count, so counting them now is the same as at their time.
+            self._finished(finished)
+            finished = []
+            k = decode_horizon(sched, MAX_JUMP)
+            if k == 0:
+                break
+        yield env.timeout(delay_to(now, t))
+        if finished:
+            self._finished(finished)
+
+    def _decode_run(self, k, t, next_arrival, sched, log, latency_model):
+        """Up to ``k`` decode steps from time ``t``, none starting at or after the
+        next arrival (the first always runs). Returns the end time and who finished."""
         n = len(sched.running)
         ctx = sum(r.num_computed_tokens for r in sched.running)
         if next_arrival < float("inf"):
             # Steps only get longer as contexts grow: the first bounds how many fit.
-            first = decode_latencies(latency_model, n, ctx, 1)[0]
-            k = min(k, int((next_arrival - now) / first) + 2)
+            first = latency_model.predict(n, n, float(ctx + n), ctx + n)
+            k = min(k, int((next_arrival - t) / first) + 2)
         lat = decode_latencies(latency_model, n, ctx, k)
         times = np.empty(len(lat) + 1)
-        times[0] = now
+        times[0] = t
         times[1:] = lat
         np.cumsum(times, out=times)  # sequential sums: the same floats as stepping
         # Step j (j >= 1) runs only if it starts before the next arrival.
         m = 1 + int(np.searchsorted(times[1:-1], next_arrival, side="left"))
         ends = times[1 : m + 1]
         used, finished = advance_decode(sched, array("d", ends.tobytes()))
-        total = sched.kv.num_blocks
-        log.add_decode_steps(
-            self.index,
-            times[:m],
-            lat[:m],
-            n,
-            np.asarray(used, dtype=np.float64) / total,
-            len(sched.waiting),
-            n - len(finished),
-        )
+        log.add_decode_steps(self.index, times[:m], lat[:m], n,
+                             np.asarray(used, dtype=np.float64) / sched.kv.num_blocks,
+                             len(sched.waiting), n - len(finished))  # fmt: skip
         self.sim.num_jumps += 1
         self.sim.num_jumped_steps += m
-        yield env.timeout(delay_to(now, float(ends[-1])))
-        if finished:
-            self._finished(finished)
+        return float(ends[-1]), finished
 
     def _finished(self, finished: Sequence[Request]) -> None:
         self.num_outstanding -= len(finished)
@@ -245,4 +258,8 @@ class Simulation:
             num_jumped_steps=self.num_jumped_steps,
             partial=partial,
             stop_reason=reason,
+            extra={
+                "num_finished_reported": self.num_finished,
+                "outstanding": [rep.num_outstanding for rep in self.replicas],
+            },
         )

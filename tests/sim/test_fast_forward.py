@@ -55,3 +55,12 @@ def test_fast_path_equals_stepping_with_replicas_and_a_router():
     slow, _ = simulate(random_requests(300, rate=12), "fcfs", False, 2000, replicas=3)
     assert observable(fast.requests) == observable(slow.requests)
     assert fast.steps.to_frame().equals(slow.steps.to_frame())
+
+
+@pytest.mark.parametrize("fast_forward", [True, False])
+def test_every_request_is_reported_finished_exactly_once(fast_forward):
+    requests = random_requests(300, rate=12)
+    result, _ = simulate(requests, "fcfs", fast_forward, 20_000, replicas=2)
+    assert all(r.is_finished for r in result.requests)
+    assert result.extra["num_finished_reported"] == len(requests)
+    assert result.extra["outstanding"] == [0, 0]

@@ -1,0 +1,105 @@
+"""Simulator speed: simulated requests per wall-second, and how wall time grows.
+
+The full Azure 2023 conv trace (19,366 requests, real arrivals) through FCFS
+with chunked prefill and prefix caching on, Llama-3-8B on an H200 (the configs
+`model=llama3-8b hardware=h200`), then the trace repeated back to back 4x and
+16x. The peer in the same run is this simulator with its fast path off
+(stepping every engine step); Vidur's speed on the same trace from PEERS.md
+(about 505-545 simulated requests per second for Llama-2-70B; 600-1,070 on
+10,000-request runs on this kind of machine) is printed for reference.
+
+    python benchmarks/sim_speed.py [--scales 1 4 16] [--out benchmarks/results/sim_speed.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from hydra import compose, initialize_config_dir  # noqa: E402
+
+from testbed.runner import model_spec, simulate  # noqa: E402
+from testbed.workload import to_requests  # noqa: E402
+from traces import load_trace  # noqa: E402
+
+OVERRIDES = ["trace=azure_conv", "model=llama3-8b", "hardware=h200", "policy=fcfs",
+             "logging=disabled", "progress=false", "plots=false"]  # fmt: skip
+
+
+def repeat(trace: pd.DataFrame, times: int) -> pd.DataFrame:
+    """The trace ``times`` times back to back (the same load, ``times`` x longer)."""
+    span = trace["arrival_s"].max() + 1.0
+    parts = [trace.assign(arrival_s=trace["arrival_s"] + i * span) for i in range(times)]
+    out = pd.concat(parts, ignore_index=True)
+    out.attrs = dict(trace.attrs)
+    return out
+
+
+def measure(cfg, trace: pd.DataFrame, spec) -> dict:
+    requests = to_requests(trace, seed=cfg.seed)
+    t0 = time.perf_counter()
+    result, extra = simulate(cfg, requests, spec)
+    wall = time.perf_counter() - t0
+    finished = sum(r.is_finished for r in result.requests)
+    return dict(
+        requests=len(requests),
+        finished=finished,
+        steps=len(result.steps),
+        jumped_steps=result.num_jumped_steps,
+        sim_wall_s=result.wall_s,
+        wall_s=wall,
+        req_per_wall_s=len(requests) / result.wall_s,
+        simulated_s=result.duration_s,
+        latency_model=extra["latency_model"],
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--scales", type=int, nargs="+", default=[1, 4, 16])
+    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/sim_speed.json"))
+    args = ap.parse_args()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        cfg = compose("config", overrides=OVERRIDES)
+        slow_cfg = compose("config", overrides=[*OVERRIDES, "mode.fast_forward=false"])
+    spec = model_spec(cfg.model)
+    t0 = time.perf_counter()
+    base = load_trace("azure_conv")
+    load_s = time.perf_counter() - t0
+    rows = []
+    for scale in args.scales:
+        rows.append(dict(scale=scale, fast_path=True, **measure(cfg, repeat(base, scale), spec)))
+    rows.append(dict(scale=1, fast_path=False, **measure(slow_cfg, base, spec)))
+    print(f"trace load: {load_s:.3f} s ({len(base)} requests)")
+    print(f"{'scale':>5} {'fast':>5} {'requests':>9} {'steps':>10} {'sim wall s':>10} "
+          f"{'req/wall-s':>11} {'simulated s':>12}")  # fmt: skip
+    for r in rows:
+        print(
+            f"{r['scale']:>5} {r['fast_path']!s:>5} {r['requests']:>9} {r['steps']:>10} "
+            f"{r['sim_wall_s']:>10.2f} {r['req_per_wall_s']:>11,.0f} {r['simulated_s']:>12,.0f}"
+        )
+    fast1 = next(r for r in rows if r["scale"] == 1 and r["fast_path"])
+    slow1 = next(r for r in rows if not r["fast_path"])
+    print(f"fast path speed-up over stepping: {slow1['sim_wall_s'] / fast1['sim_wall_s']:.1f}x; "
+          f"vs Vidur's ~545-1,070 req/s (PEERS.md): {fast1['req_per_wall_s'] / 1070:.1f}-"
+          f"{fast1['req_per_wall_s'] / 545:.1f}x")  # fmt: skip
+    meta = dict(benchmark="sim_speed", date=time.strftime("%Y-%m-%d"),
+                python=platform.python_version(), machine=platform.machine(),
+                overrides=OVERRIDES, trace_load_s=load_s, target_req_per_wall_s=10_000)  # fmt: skip
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
