@@ -31,8 +31,15 @@ from testbed.runner import model_spec, simulate  # noqa: E402
 from testbed.workload import to_requests  # noqa: E402
 from traces import load_trace  # noqa: E402
 
-OVERRIDES = ["trace=azure_conv", "model=llama3-8b", "hardware=h200", "policy=fcfs",
-             "logging=disabled", "progress=false", "plots=false"]  # fmt: skip
+OVERRIDES = [
+    "trace=azure_conv",
+    "model=llama3-8b",
+    "hardware=h200",
+    "policy=fcfs",
+    "logging=disabled",
+    "progress=false",
+    "plots=false",
+]
 
 
 def repeat(trace: pd.DataFrame, times: int) -> pd.DataFrame:
@@ -80,8 +87,10 @@ def main() -> None:
         rows.append(dict(scale=scale, fast_path=True, **measure(cfg, repeat(base, scale), spec)))
     rows.append(dict(scale=1, fast_path=False, **measure(slow_cfg, base, spec)))
     print(f"trace load: {load_s:.3f} s ({len(base)} requests)")
-    print(f"{'scale':>5} {'fast':>5} {'requests':>9} {'steps':>10} {'sim wall s':>10} "
-          f"{'req/wall-s':>11} {'simulated s':>12}")  # fmt: skip
+    print(
+        f"{'scale':>5} {'fast':>5} {'requests':>9} {'steps':>10} {'sim wall s':>10} "
+        f"{'req/wall-s':>11} {'simulated s':>12}"
+    )
     for r in rows:
         print(
             f"{r['scale']:>5} {r['fast_path']!s:>5} {r['requests']:>9} {r['steps']:>10} "
@@ -89,12 +98,20 @@ def main() -> None:
         )
     fast1 = next(r for r in rows if r["scale"] == 1 and r["fast_path"])
     slow1 = next(r for r in rows if not r["fast_path"])
-    print(f"fast path speed-up over stepping: {slow1['sim_wall_s'] / fast1['sim_wall_s']:.1f}x; "
-          f"vs Vidur's ~545-1,070 req/s (PEERS.md): {fast1['req_per_wall_s'] / 1070:.1f}-"
-          f"{fast1['req_per_wall_s'] / 545:.1f}x")  # fmt: skip
-    meta = dict(benchmark="sim_speed", date=time.strftime("%Y-%m-%d"),
-                python=platform.python_version(), machine=platform.machine(),
-                overrides=OVERRIDES, trace_load_s=load_s, target_req_per_wall_s=10_000)  # fmt: skip
+    print(
+        f"fast path speed-up over stepping: {slow1['sim_wall_s'] / fast1['sim_wall_s']:.1f}x; "
+        f"vs Vidur's ~545-1,070 req/s (PEERS.md): {fast1['req_per_wall_s'] / 1070:.1f}-"
+        f"{fast1['req_per_wall_s'] / 545:.1f}x"
+    )
+    meta = dict(
+        benchmark="sim_speed",
+        date=time.strftime("%Y-%m-%d"),
+        python=platform.python_version(),
+        machine=platform.machine(),
+        overrides=OVERRIDES,
+        trace_load_s=load_s,
+        target_req_per_wall_s=10_000,
+    )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=2) + "\n")

@@ -17,9 +17,9 @@ from collections.abc import Sequence
 
 from testbed.core.policy import Policy
 from testbed.core.request import Request, RequestStatus
+from testbed.core.scheduler import STAND_IN_TOKEN, Scheduler
 
 FINISHED_LENGTH = RequestStatus.FINISHED_LENGTH
-from testbed.core.scheduler import STAND_IN_TOKEN, Scheduler
 
 
 def _new_blocks(reqs: Sequence[Request], have: Sequence[int], bs: int, k: int) -> int:

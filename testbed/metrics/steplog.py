@@ -13,10 +13,27 @@ from array import array
 import numpy as np
 
 FLOAT_COLUMNS = ("start_s", "latency_s", "kv_usage")
-INT_COLUMNS = ("replica", "num_reqs", "num_prefill_tokens", "num_decode_tokens",
-               "num_waiting", "num_running", "num_preempted")  # fmt: skip
-ORDER = ("replica", "start_s", "latency_s", "num_reqs", "num_prefill_tokens",
-         "num_decode_tokens", "kv_usage", "num_waiting", "num_running", "num_preempted")  # fmt: skip
+INT_COLUMNS = (
+    "replica",
+    "num_reqs",
+    "num_prefill_tokens",
+    "num_decode_tokens",
+    "num_waiting",
+    "num_running",
+    "num_preempted",
+)
+ORDER = (
+    "replica",
+    "start_s",
+    "latency_s",
+    "num_reqs",
+    "num_prefill_tokens",
+    "num_decode_tokens",
+    "kv_usage",
+    "num_waiting",
+    "num_running",
+    "num_preempted",
+)
 
 
 class StepLog:
@@ -43,12 +60,20 @@ class StepLog:
         num_running: int,
         num_preempted: int,
     ) -> None:
-        f, i = self._floats, self._ints
+        f = self._floats
         f["start_s"].append(start_s)
         f["latency_s"].append(latency_s)
         f["kv_usage"].append(kv_usage)
-        self._run(1, replica, num_reqs, num_prefill_tokens, num_decode_tokens, num_waiting,
-                  num_running, num_preempted)  # fmt: skip
+        self._run(
+            1,
+            replica,
+            num_reqs,
+            num_prefill_tokens,
+            num_decode_tokens,
+            num_waiting,
+            num_running,
+            num_preempted,
+        )
 
     def _run(self, n, replica, reqs, prefill, decode, waiting, running, preempted) -> None:
         i = self._ints

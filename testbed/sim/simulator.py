@@ -156,9 +156,15 @@ class Replica:
         m = 1 + int(np.searchsorted(times[1:-1], next_arrival, side="left"))
         ends = times[1 : m + 1]
         used, finished = advance_decode(sched, array("d", ends.tobytes()))
-        log.add_decode_steps(self.index, times[:m], lat[:m], n,
-                             np.asarray(used, dtype=np.float64) / sched.kv.num_blocks,
-                             len(sched.waiting), n - len(finished))  # fmt: skip
+        log.add_decode_steps(
+            self.index,
+            times[:m],
+            lat[:m],
+            n,
+            np.asarray(used, dtype=np.float64) / sched.kv.num_blocks,
+            len(sched.waiting),
+            n - len(finished),
+        )
         self.sim.num_jumps += 1
         self.sim.num_jumped_steps += m
         return float(ends[-1]), finished

@@ -28,17 +28,41 @@ def run(tmp_path: Path, *overrides: str, name: str = "run") -> dict:
 
 
 def test_default_run_writes_the_run_directory(tmp_path):
-    m = run_from_config(compose_cfg("logging=disabled", "progress=false",
-                                    "trace.num_requests=40"), tmp_path)  # fmt: skip
-    for f in ("metrics.json", "requests.csv", "steps.csv", "ttft_cdf.png", "tpot_cdf.png",
-              "timeline.png"):  # fmt: skip
+    m = run_from_config(
+        compose_cfg("logging=disabled", "progress=false", "trace.num_requests=40"), tmp_path
+    )
+    for f in (
+        "metrics.json",
+        "requests.csv",
+        "steps.csv",
+        "ttft_cdf.png",
+        "tpot_cdf.png",
+        "timeline.png",
+    ):
         assert (tmp_path / f).exists(), f
     saved = json.loads((tmp_path / "metrics.json").read_text())
-    required = ["mode", "policy", "trace", "model", "hardware", "num_requests", "num_finished",
-                "num_rejected", "duration_s", "throughput_req_s", "throughput_output_tok_s",
-                "throughput_total_tok_s", "num_preemptions", "prefix_cache_hit_rate",
-                "goodput_req_s", "slo_attainment", "kv_usage_mean", "kv_usage_max", "wall_s",
-                "latency_model"]  # fmt: skip
+    required = [
+        "mode",
+        "policy",
+        "trace",
+        "model",
+        "hardware",
+        "num_requests",
+        "num_finished",
+        "num_rejected",
+        "duration_s",
+        "throughput_req_s",
+        "throughput_output_tok_s",
+        "throughput_total_tok_s",
+        "num_preemptions",
+        "prefix_cache_hit_rate",
+        "goodput_req_s",
+        "slo_attainment",
+        "kv_usage_mean",
+        "kv_usage_max",
+        "wall_s",
+        "latency_model",
+    ]
     for base in ("ttft_s", "tpot_s", "itl_s", "e2e_s", "queue_s"):
         required += [f"{base}_{s}" for s in ("mean", "p50", "p90", "p99")]
     assert not [k for k in required if k not in saved]
@@ -93,8 +117,13 @@ def test_oversized_requests_are_rejected_with_reasons(tmp_path):
 
 def test_wandb_offline_writes_its_run_folder(tmp_path):
     wandb_dir = tmp_path / "wb"
-    run(tmp_path, "trace.num_requests=20", "logging=offline", f"logging.wandb.dir={wandb_dir}",
-        "logging.wandb.group=test-group")  # fmt: skip
+    run(
+        tmp_path,
+        "trace.num_requests=20",
+        "logging=offline",
+        f"logging.wandb.dir={wandb_dir}",
+        "logging.wandb.group=test-group",
+    )
     runs = list((wandb_dir / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
 
@@ -103,8 +132,14 @@ def test_wandb_offline_writes_its_run_folder(tmp_path):
 def test_real_traces_run(tmp_path, trace):
     if not traces_dir().exists():
         pytest.skip(f"shared traces not found at {traces_dir()} (set TESTBED_TRACES_DIR)")
-    m = run(tmp_path, f"trace={trace}", "trace.num_requests=200", "model=llama3-8b",
-            "hardware=h200", "engine.max_num_batched_tokens=8192")  # fmt: skip
+    m = run(
+        tmp_path,
+        f"trace={trace}",
+        "trace.num_requests=200",
+        "model=llama3-8b",
+        "hardware=h200",
+        "engine.max_num_batched_tokens=8192",
+    )
     assert m["num_finished"] + m["num_rejected"] == 200
     if trace == "mooncake_conv":
         assert m["prefix_cache_hit_rate"] > 0.1  # the trace's shared prefixes hit
@@ -114,9 +149,16 @@ def test_real_traces_run(tmp_path, trace):
 def test_hydra_sweeps_with_the_basic_and_joblib_launchers(tmp_path):
     for launcher in ("basic", "joblib"):
         out = tmp_path / launcher
-        cmd = [sys.executable, str(ROOT / "run.py"), "-m", f"hydra/launcher={launcher}",
-               "policy=fcfs,sjf", "trace.num_requests=30", *QUIET,
-               f"hydra.sweep.dir={out}"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            str(ROOT / "run.py"),
+            "-m",
+            f"hydra/launcher={launcher}",
+            "policy=fcfs,sjf",
+            "trace.num_requests=30",
+            *QUIET,
+            f"hydra.sweep.dir={out}",
+        ]
         res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
         assert res.returncode == 0, res.stderr[-2000:]
         policies = sorted(json.loads(p.read_text())["policy"] for p in out.glob("*/metrics.json"))
@@ -126,8 +168,11 @@ def test_hydra_sweeps_with_the_basic_and_joblib_launchers(tmp_path):
 def test_a_profile_for_the_hardware_and_model_replaces_the_roofline(tmp_path):
     from tests.sim.test_latency import write_profile
 
-    rows = [(r, r * t, r * t * 300.0, r * 300, 1e-3 + 1e-4 * r + 1e-6 * r * t)
-            for r in (1, 2, 4, 8) for t in (1, 16, 64)]  # fmt: skip
+    rows = [
+        (r, r * t, r * t * 300.0, r * 300, 1e-3 + 1e-4 * r + 1e-6 * r * t)
+        for r in (1, 2, 4, 8)
+        for t in (1, 16, 64)
+    ]
     (tmp_path / "profiles" / "cpu").mkdir(parents=True)
     write_profile(tmp_path / "profiles" / "cpu" / "dummy-llama.csv", rows)
     m = run(tmp_path, "trace.num_requests=20", f"profiles_dir={tmp_path / 'profiles'}")
