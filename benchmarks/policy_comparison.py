@@ -12,7 +12,7 @@ checks the direction of each result against what the literature reports:
   output lengths, by demoting long jobs.
 * At light load, policies barely differ: there is no queue to reorder.
 
-    python benchmarks/policy_comparison.py [--rates 4 10 14] [--num-requests 0]
+    python benchmarks/policy_comparison.py [--rates 4 14 17] [--num-requests 0]
 """
 
 from __future__ import annotations
@@ -34,8 +34,14 @@ from testbed.workload import to_requests  # noqa: E402
 from traces import load_trace  # noqa: E402
 
 POLICIES = ["fcfs", "sjf", "srpt", "mlfq", "priority", "edf", "vtc", "cache_aware_sjf"]
-BASE = ["trace=azure_conv", "model=llama3-8b", "hardware=h200", "logging=disabled",
-        "progress=false", "plots=false"]
+BASE = [
+    "trace=azure_conv",
+    "model=llama3-8b",
+    "hardware=h200",
+    "logging=disabled",
+    "progress=false",
+    "plots=false",
+]
 
 
 def run(policy: str, rate: float, num_requests: int) -> dict:
@@ -45,9 +51,22 @@ def run(policy: str, rate: float, num_requests: int) -> dict:
     requests = to_requests(load_trace("azure_conv", **opts), seed=cfg.seed)
     result, extra = simulate(cfg, requests, model_spec(cfg.model))
     m = summarize(result.requests, result.steps)
-    return dict(policy=policy, rate=rate, sim_wall_s=extra["sim_wall_s"],
-                **{k: m[k] for k in ("ttft_s_mean", "ttft_s_p99", "e2e_s_mean", "e2e_s_p99",
-                                     "throughput_req_s", "num_preemptions")})
+    return dict(
+        policy=policy,
+        rate=rate,
+        sim_wall_s=extra["sim_wall_s"],
+        **{
+            k: m[k]
+            for k in (
+                "ttft_s_mean",
+                "ttft_s_p99",
+                "e2e_s_mean",
+                "e2e_s_p99",
+                "throughput_req_s",
+                "num_preemptions",
+            )
+        },
+    )
 
 
 def checks(rows: list[dict], rates: list[float]) -> list[tuple[str, bool]]:
@@ -57,38 +76,64 @@ def checks(rows: list[dict], rates: list[float]) -> list[tuple[str, bool]]:
     for rate in (mid, heavy):
         f = at[("fcfs", rate)]
         for p in ("sjf", "srpt", "mlfq"):
-            out.append((f"{p} mean E2E < fcfs at {rate} req/s",
-                        at[(p, rate)]["e2e_s_mean"] < f["e2e_s_mean"]))
-        out.append((f"sjf mean TTFT < fcfs at {rate} req/s",
-                    at[("sjf", rate)]["ttft_s_mean"] < f["ttft_s_mean"]))
+            out.append(
+                (
+                    f"{p} mean E2E < fcfs at {rate} req/s",
+                    at[(p, rate)]["e2e_s_mean"] < f["e2e_s_mean"],
+                )
+            )
+        out.append(
+            (
+                f"sjf mean TTFT < fcfs at {rate} req/s",
+                at[("sjf", rate)]["ttft_s_mean"] < f["ttft_s_mean"],
+            )
+        )
     spread = [at[(p, light)]["e2e_s_mean"] for p in POLICIES]
-    out.append((f"policies within 10% of each other at {light} req/s (mean E2E)",
-                max(spread) <= 1.1 * min(spread)))
+    out.append(
+        (
+            f"policies within 10% of each other at {light} req/s (mean E2E)",
+            max(spread) <= 1.1 * min(spread),
+        )
+    )
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rates", type=float, nargs=3, default=[4.0, 10.0, 14.0])
+    ap.add_argument("--rates", type=float, nargs=3, default=[4.0, 14.0, 17.0])
     ap.add_argument("--num-requests", type=int, default=0, help="0: the whole trace")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/policy_comparison.json"))
     args = ap.parse_args()
     rows = [run(p, rate, args.num_requests) for rate in args.rates for p in POLICIES]
-    print(f"{'rate':>5} {'policy':>16} {'TTFT mean':>10} {'TTFT p99':>9} {'E2E mean':>9} "
-          f"{'E2E p99':>8} {'req/s':>6}")
+    print(
+        f"{'rate':>5} {'policy':>16} {'TTFT mean':>10} {'TTFT p99':>9} {'E2E mean':>9} "
+        f"{'E2E p99':>8} {'req/s':>6} {'preempt':>8}"
+    )
     for r in rows:
-        print(f"{r['rate']:>5} {r['policy']:>16} {r['ttft_s_mean']:>10.3f} {r['ttft_s_p99']:>9.3f}"
-              f" {r['e2e_s_mean']:>9.2f} {r['e2e_s_p99']:>8.2f} {r['throughput_req_s']:>6.2f}")
+        print(
+            f"{r['rate']:>5} {r['policy']:>16} {r['ttft_s_mean']:>10.3f} {r['ttft_s_p99']:>9.3f}"
+            f" {r['e2e_s_mean']:>9.2f} {r['e2e_s_p99']:>8.2f} {r['throughput_req_s']:>6.2f}"
+            f" {r['num_preemptions']:>8}"
+        )
     verdicts = checks(rows, args.rates)
     for text, ok in verdicts:
         print(f"  [{'ok' if ok else 'DIFFERS'}] {text}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = dict(benchmark="policy_comparison", date=time.strftime("%Y-%m-%d"), base=BASE,
-                rates=args.rates, num_requests=args.num_requests or "all")
-    out.write_text(json.dumps(dict(meta=meta, rows=rows,
-                                   checks=[dict(check=t, holds=ok) for t, ok in verdicts]),
-                              indent=2) + "\n")
+    meta = dict(
+        benchmark="policy_comparison",
+        date=time.strftime("%Y-%m-%d"),
+        base=BASE,
+        rates=args.rates,
+        num_requests=args.num_requests or "all",
+    )
+    out.write_text(
+        json.dumps(
+            dict(meta=meta, rows=rows, checks=[dict(check=t, holds=ok) for t, ok in verdicts]),
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"wrote {out}")
 
 

@@ -193,7 +193,7 @@ def run_from_config(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[
     from testbed.report.wandb_log import log_run
 
     log_run(
-        OmegaConf.to_container(cfg.logging.wandb, resolve=True),
+        wandb_settings(cfg),
         run_dir,
         f"{mode}-{cfg.policy.name}-{cfg.trace.name}",
         OmegaConf.to_container(cfg, resolve=True),
@@ -203,7 +203,27 @@ def run_from_config(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[
         plots,
     )
     print_summary(metrics, run_dir)
+    if result.error is not None:
+        raise RuntimeError(f"the run failed; what it measured is in {run_dir}") from result.error
     return metrics
+
+
+def wandb_settings(cfg: DictConfig) -> dict[str, Any]:
+    """The logging config, with a sweep's defaults: its runs share a group (the sweep
+    folder) and are tagged with mode, policy and trace, so W&B compares them."""
+    wb = OmegaConf.to_container(cfg.logging.wandb, resolve=True)
+    wb["tags"] = list(wb.get("tags") or []) + [cfg.mode.name, cfg.policy.name, cfg.trace.name]
+    if wb.get("group") is None:
+        try:
+            from hydra.core.hydra_config import HydraConfig
+            from hydra.types import RunMode
+
+            hc = HydraConfig.get()
+            if hc.mode == RunMode.MULTIRUN:
+                wb["group"] = Path(hc.sweep.dir).name
+        except ValueError:  # not under Hydra (a test, a script)
+            pass
+    return wb
 
 
 def print_summary(m: Mapping[str, Any], run_dir: Path) -> None:

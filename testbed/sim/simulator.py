@@ -54,6 +54,7 @@ class SimResult:
     num_jumped_steps: int = 0
     partial: bool = False
     stop_reason: str = "finished"
+    error: Exception | None = None  # what stopped the run, if it failed
     extra: dict = field(default_factory=dict)
 
 
@@ -249,7 +250,7 @@ class Simulation:
         env.process(self.dispatcher.run())
         for rep in self.replicas:
             env.process(rep.run())
-        partial, reason = False, "finished"
+        partial, reason, error = False, "finished", None
         # The loop allocates millions of small objects but makes no reference
         # cycles: the cyclic collector would only rescan a growing heap.
         gc_enabled = gc.isenabled()
@@ -260,6 +261,8 @@ class Simulation:
                 partial, reason = True, f"stopped at max_sim_time_s={self.max_sim_time_s}"
         except KeyboardInterrupt:
             partial, reason = True, "interrupted"
+        except Exception as e:  # keep what was measured; the caller re-raises
+            partial, reason, error = True, f"error: {e!r}", e
         finally:
             if gc_enabled:
                 gc.enable()
@@ -272,6 +275,7 @@ class Simulation:
             num_jumped_steps=self.num_jumped_steps,
             partial=partial,
             stop_reason=reason,
+            error=error,
             extra={
                 "num_finished_reported": self.num_finished,
                 "outstanding": [rep.num_outstanding for rep in self.replicas],

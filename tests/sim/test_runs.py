@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
 
+from policies.fcfs import FCFS
 from testbed.runner import run_from_config
 from traces import traces_dir
 
@@ -178,3 +179,31 @@ def test_a_profile_for_the_hardware_and_model_replaces_the_roofline(tmp_path):
     m = run(tmp_path, "trace.num_requests=20", f"profiles_dir={tmp_path / 'profiles'}")
     assert m["latency_model"] == "profile" and "dummy-llama.csv" in m["latency_model_source"]
     assert run(tmp_path, "trace.num_requests=20", name="r2")["latency_model"] == "roofline"
+
+
+class ExplodingPolicy(FCFS):
+    """FCFS that fails on its 30th arrival (a bug in a researcher's policy)."""
+
+    def __init__(self, victim=None):
+        super().__init__(victim)
+        self.arrivals = 0
+
+    def on_arrival(self, request, now):
+        self.arrivals += 1
+        if self.arrivals == 30:
+            raise ValueError("boom")
+
+
+def test_a_failing_run_still_writes_what_it_measured(tmp_path):
+    with pytest.raises(RuntimeError, match="what it measured") as info:
+        run(
+            tmp_path,
+            "trace.num_requests=60",
+            "policy=custom",
+            "policy._target_=tests.sim.test_runs.ExplodingPolicy",
+        )
+    assert isinstance(info.value.__cause__, ValueError)
+    saved = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert saved["partial"] is True and "boom" in saved["stop_reason"]
+    assert 0 < saved["num_finished"] < 60
+    assert len(pd.read_csv(tmp_path / "run" / "requests.csv")) == 60
