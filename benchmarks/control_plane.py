@@ -13,14 +13,15 @@ what the control plane's structure costs; the floor itself is CPython's.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import sys
 import time
 from array import array
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import write_results
 
 from policies import make_policy
 from testbed.core import (
@@ -137,19 +138,7 @@ def main() -> None:
             f"{r['us_per_request']:>8.2f} {r['floor_us_per_step']:>9.1f} "
             f"{r['ratio_to_floor']:>8.2f}"
         )
-    meta = dict(
-        benchmark="control_plane",
-        date=time.strftime("%Y-%m-%d"),
-        python=platform.python_version(),
-        machine=platform.machine(),
-        processor=platform.processor() or platform.machine(),
-        steps=args.steps,
-        target_us_per_step_at_256=300,
-    )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=2) + "\n")
-    print(f"wrote {out}")
+    write_results(args.out, "control_plane", rows, steps=args.steps, target_us_per_step_at_256=300)
 
 
 if __name__ == "__main__":

@@ -18,14 +18,14 @@ checks the direction of each result against what the literature reports:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from common import write_results  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 from testbed.metrics.summary import summarize  # noqa: E402
@@ -118,23 +118,15 @@ def main() -> None:
     verdicts = checks(rows, args.rates)
     for text, ok in verdicts:
         print(f"  [{'ok' if ok else 'DIFFERS'}] {text}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    meta = dict(
-        benchmark="policy_comparison",
-        date=time.strftime("%Y-%m-%d"),
+    write_results(
+        args.out,
+        "policy_comparison",
+        rows,
         base=BASE,
         rates=args.rates,
         num_requests=args.num_requests or "all",
+        checks=[dict(check=t, holds=ok) for t, ok in verdicts],
     )
-    out.write_text(
-        json.dumps(
-            dict(meta=meta, rows=rows, checks=[dict(check=t, holds=ok) for t, ok in verdicts]),
-            indent=2,
-        )
-        + "\n"
-    )
-    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -14,8 +14,6 @@ with chunked prefill and prefix caching on, Llama-3-8B on an H200 (the configs
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -24,7 +22,9 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from common import write_results  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 from testbed.runner import model_spec, simulate  # noqa: E402
@@ -103,19 +103,14 @@ def main() -> None:
         f"vs Vidur's ~545-1,070 req/s (PEERS.md): {fast1['req_per_wall_s'] / 1070:.1f}-"
         f"{fast1['req_per_wall_s'] / 545:.1f}x"
     )
-    meta = dict(
-        benchmark="sim_speed",
-        date=time.strftime("%Y-%m-%d"),
-        python=platform.python_version(),
-        machine=platform.machine(),
+    write_results(
+        args.out,
+        "sim_speed",
+        rows,
         overrides=OVERRIDES,
         trace_load_s=load_s,
         target_req_per_wall_s=10_000,
     )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=2) + "\n")
-    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,26 @@
+"""What every benchmark writes: a JSON file with where and when it was measured."""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+
+def write_results(out: str | Path, benchmark: str, rows: list[dict], **meta: Any) -> Path:
+    """Write ``{"meta": ..., "rows": ...}`` to ``out`` and say so."""
+    header = dict(
+        benchmark=benchmark,
+        date=time.strftime("%Y-%m-%d"),
+        python=platform.python_version(),
+        machine=platform.machine(),
+        processor=platform.processor() or platform.machine(),
+        **meta,
+    )
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(dict(meta=header, rows=rows), indent=2) + "\n")
+    print(f"wrote {out}")
+    return out
