@@ -1,6 +1,169 @@
-"""Triton kernels for paged attention, each beside a torch reference with the same
-signature (the real engine's hot path on CUDA; the references run on CPU).
+"""Paged-attention kernels: Triton on CUDA, each beside a torch reference with the
+same signature (the real engine's hot path; the references are what runs on CPU).
 
-Not written yet: see the kernels issue. The cache layout they will share is
-``[num_blocks, block_size, num_kv_heads, head_dim]`` with ``int32`` block tables.
+Three operations, in two modules with identical signatures:
+
+- ``kernels.reference``: torch, any device; the definition of what is computed.
+- ``kernels.triton_kernels``: Triton, CUDA tensors (or CPU tensors in the Triton
+  interpreter, ``TRITON_INTERPRET=1`` set before it is imported); imported lazily.
+
+``kernels.reshape_and_cache``, ``kernels.paged_attention_decode`` and
+``kernels.paged_attention_prefill`` dispatch on the tensors' device: Triton when they
+are on CUDA and triton is importable, the reference otherwise.
+``select_backend("auto" | "triton" | "torch", device)`` returns the module to call
+once (what the engine holds as its ``backend``).
+
+Shared layout: K and V caches ``[num_blocks, block_size, num_kv_heads, head_dim]``
+(separate tensors), ``int32`` block tables ``[num_seqs, max_blocks_per_seq]`` whose
+unused entries are never read, slot ``s`` = block ``s // block_size``, offset
+``s % block_size``, and grouped-query attention (query head ``h`` reads KV head
+``h // (num_heads // num_kv_heads)``).
 """
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+from types import ModuleType
+
+import torch
+
+from kernels import reference
+
+__all__ = [
+    "paged_attention_decode",
+    "paged_attention_prefill",
+    "reference",
+    "reshape_and_cache",
+    "select_backend",
+    "triton_kernels",
+]
+
+BACKENDS = ("auto", "triton", "torch")
+
+
+@functools.cache
+def triton_available() -> bool:
+    """Whether ``triton`` imports here (it is absent on some CPU-only machines)."""
+    try:
+        importlib.import_module("triton")
+    except ImportError:
+        return False
+    return True
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
+
+
+def _triton_module() -> ModuleType:
+    return importlib.import_module("kernels.triton_kernels")
+
+
+def select_backend(name: str = "auto", device: torch.device | str | None = None) -> ModuleType:
+    """The module whose ``reshape_and_cache`` / ``paged_attention_*`` to call on ``device``.
+
+    ``"torch"``: the reference. ``"auto"``: Triton on a CUDA device with triton
+    installed, the reference otherwise. ``"triton"``: Triton, or a ``RuntimeError`` that
+    says why not: it needs triton and a CUDA device, except that ``TRITON_INTERPRET=1``
+    (set before the kernels are imported) runs it on CPU tensors in the interpreter.
+    ``device`` defaults to CUDA where there is one, else CPU.
+    """
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    on_cuda = device.type == "cuda" and torch.cuda.is_available()
+    if name == "torch":
+        return reference
+    if name == "auto":
+        return _triton_module() if on_cuda and triton_available() else reference
+    if name != "triton":
+        raise ValueError(f"unknown attention backend {name!r}: expected one of {BACKENDS}")
+    if not triton_available():
+        raise RuntimeError(
+            "attention backend 'triton' needs the triton package, which is not installed; "
+            "use backend 'torch' (or 'auto')"
+        )
+    if on_cuda:
+        return _triton_module()
+    if not _interpreting():
+        raise RuntimeError(
+            f"attention backend 'triton' needs a CUDA device, and the device is {device} "
+            f"(torch.cuda.is_available() = {torch.cuda.is_available()}); use backend 'torch' "
+            "or 'auto', or set TRITON_INTERPRET=1 before importing kernels to run the Triton "
+            "kernels on CPU in the (slow) interpreter"
+        )
+    module = _triton_module()
+    if not module.INTERPRETED:
+        raise RuntimeError(
+            "TRITON_INTERPRET=1 was set after kernels.triton_kernels had been imported, so its "
+            "kernels were compiled for a GPU; set it before the first import"
+        )
+    return module
+
+
+def reshape_and_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write new tokens' K/V into their cache slots (slot -1: skipped). In place."""
+    select_backend("auto", key_cache.device).reshape_and_cache(
+        key, value, key_cache, value_cache, slot_mapping
+    )
+
+
+def paged_attention_decode(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    *,
+    max_context_len: int | None = None,
+) -> torch.Tensor:
+    """One query token per sequence over its cached context (see ``kernels.reference``)."""
+    return select_backend("auto", query.device).paged_attention_decode(
+        query,
+        key_cache,
+        value_cache,
+        block_tables,
+        context_lens,
+        scale,
+        max_context_len=max_context_len,
+    )
+
+
+def paged_attention_prefill(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    *,
+    max_context_len: int | None = None,
+) -> torch.Tensor:
+    """Causal variable-length query chunks over a paged prefix (see ``kernels.reference``)."""
+    return select_backend("auto", query.device).paged_attention_prefill(
+        query,
+        key_cache,
+        value_cache,
+        block_tables,
+        query_start_loc,
+        seq_lens,
+        scale,
+        max_context_len=max_context_len,
+    )
+
+
+def __getattr__(name: str) -> ModuleType:
+    # ``kernels.triton_kernels`` without importing triton until someone asks for it.
+    if name == "triton_kernels":
+        return _triton_module()
+    raise AttributeError(f"module 'kernels' has no attribute {name!r}")

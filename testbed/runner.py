@@ -84,9 +84,10 @@ class Progress:
 
             self.bar = tqdm(total=total, unit="req", mininterval=0.5, dynamic_ncols=True)
         self.done = 0
+        self.every = max(1, min(64, total // 100))  # cheap on long runs, live on short ones
 
     def __call__(self, now: float, num_finished: int) -> None:
-        if self.bar is not None and num_finished - self.done >= 64:
+        if self.bar is not None and num_finished - self.done >= self.every:
             self.bar.update(num_finished - self.done)
             self.done = num_finished
             self.bar.set_postfix_str(f"t={now:,.1f}s", refresh=False)
@@ -150,6 +151,62 @@ def simulate(cfg: DictConfig, requests, spec: ModelSpec) -> tuple[Any, dict[str,
     return result, extra
 
 
+def run_real(cfg: DictConfig, requests) -> tuple[Any, dict[str, Any]]:
+    """Replay on the real engine, on the wall clock."""
+    import torch
+
+    from testbed.engine.config import ModelConfig
+    from testbed.engine.llm import EngineArgs, build_engine
+    from testbed.engine.replay import replay
+
+    engine_cfg, m = cfg.engine, cfg.model
+    if m.get("hf_config"):
+        model = (
+            ModelConfig.from_hf(
+                OmegaConf.to_container(m.hf_config, resolve=True), source=f"model={m.name}"
+            ),
+            None,
+            m.name,
+        )
+    else:
+        folder = Path(m.path) if Path(m.path).is_absolute() else PROJECT_ROOT / m.path
+        model = (ModelConfig.from_path(folder), folder, m.name)
+    args = EngineArgs(
+        model=m.name,
+        policy=OmegaConf.to_container(cfg.policy, resolve=True),
+        max_num_seqs=engine_cfg.max_num_seqs,
+        max_num_batched_tokens=engine_cfg.max_num_batched_tokens,
+        block_size=engine_cfg.block_size,
+        enable_prefix_caching=engine_cfg.enable_prefix_caching,
+        enable_chunked_prefill=engine_cfg.enable_chunked_prefill,
+        long_prefill_token_threshold=engine_cfg.long_prefill_token_threshold,
+        max_model_len=engine_cfg.max_model_len,
+        num_kv_blocks=engine_cfg.num_kv_blocks,
+        kv_cache_bytes=engine_cfg.kv_cache_bytes or cfg.hardware.get("kv_cache_bytes"),
+        gpu_memory_utilization=engine_cfg.gpu_memory_utilization,
+        device=cfg.mode.get("device"),
+        attention_backend=engine_cfg.attention_backend,
+        seed=cfg.seed,
+    )
+    engine, executor, _ = build_engine(args, model=model)
+    progress = Progress(len(requests), cfg.progress)
+    try:
+        result = replay(engine, requests, progress, cfg.mode.get("max_wall_s"))
+    finally:
+        progress.close()
+    kv = engine.scheduler.kv
+    extra = {
+        "latency_model": "measured",
+        "latency_model_source": f"real engine on {executor.device} (torch {torch.__version__})",
+        "num_kv_blocks": kv.num_blocks,
+        "prefix_cache_hit_rate": kv.stats.hit_rate,
+        "tokens_computed": executor.num_computed_tokens,
+        "partial": result.partial,
+        "stop_reason": result.stop_reason,
+    }
+    return result, extra
+
+
 def run_from_config(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     """Run ``cfg`` and write its run directory; returns ``metrics.json``'s contents."""
     wall_start = time.perf_counter()
@@ -167,9 +224,12 @@ def run_from_config(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[
     requests = to_requests(
         trace, with_tokens=mode == "real", vocab_size=spec.vocab_size, seed=cfg.seed
     )
-    if mode != "sim":
-        raise NotImplementedError(f"mode={mode} is not available yet (only mode=sim)")
-    result, extra = simulate(cfg, requests, spec)
+    if mode == "sim":
+        result, extra = simulate(cfg, requests, spec)
+    elif mode == "real":
+        result, extra = run_real(cfg, requests)
+    else:
+        raise ValueError(f"unknown mode {mode!r}: sim or real")
     req_df = requests_frame(result.requests)
     metrics: dict[str, Any] = {
         "mode": mode,

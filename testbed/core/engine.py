@@ -25,6 +25,10 @@ class WallClock:
     def __init__(self) -> None:
         self._t0 = time.perf_counter()
 
+    def reset(self) -> None:
+        """Start counting from zero again (a replay starts its clock at its start)."""
+        self._t0 = time.perf_counter()
+
     def __call__(self) -> float:
         return time.perf_counter() - self._t0
 
@@ -55,10 +59,14 @@ class EngineCore:
         scheduler: Scheduler,
         executor: Executor,
         clock: Callable[[], float] | None = None,
+        validate: Callable[[Request], str | None] | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.executor = executor
         self.clock = clock or WallClock()
+        # The data plane's own checks of a new request (e.g. token ids within the
+        # vocabulary): a reason to reject it, or None.
+        self.validate = validate
 
     @classmethod
     def build(
@@ -77,10 +85,13 @@ class EngineCore:
         return cls(sched, executor, clock)
 
     def add_request(self, request: Request) -> bool:
-        """Queue a request that arrives now (its ``arrival_time`` is kept if set)."""
+        """Queue a request (its ``arrival_time`` is the caller's to set). False: it was
+        rejected at once, with ``request.reject_reason`` saying why."""
         now = self.clock()
-        if not request.arrival_time:
-            request.arrival_time = now
+        reason = self.validate(request) if self.validate is not None else None
+        if reason is not None:
+            self.scheduler.reject(request, reason, now)
+            return False
         return self.scheduler.add_request(request, now)
 
     def abort_request(self, request_id: str) -> None:

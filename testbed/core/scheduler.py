@@ -71,8 +71,7 @@ class Scheduler:
         self._arrivals += 1
         reason = self._never_fits(request)
         if reason:
-            self._reject(request, reason, now)
-            self._newly_finished.pop()
+            self.reject(request, reason, now)
             return False
         request.remote_kv_tokens = min(request.remote_kv_tokens, request.num_tokens - 1)
         request.max_num_tokens = self._stop_num_tokens(request)
@@ -108,10 +107,15 @@ class Scheduler:
             return f"needs {need} KV blocks but the cache has {self.kv.num_blocks}"
         return None
 
-    def _reject(self, request: Request, reason: str, now: float) -> None:
+    def reject(self, request: Request, reason: str, now: float) -> None:
+        """Refuse a request that never entered the queues (it is not reported again)."""
         request.status = RequestStatus.REJECTED
         request.reject_reason = request.finish_reason = reason
         request.finish_time = now
+
+    def _reject(self, request: Request, reason: str, now: float) -> None:
+        """Refuse a queued request: reported by the next update."""
+        self.reject(request, reason, now)
         self._newly_finished.append(request)
 
     def abort_request(self, request_id: str, now: float) -> None:

@@ -2,14 +2,13 @@
 
 from testbed.sim.executor import SimExecutor
 from testbed.sim.latency import HardwareSpec, ProfileModel, RooflineModel, make_latency_model
-from testbed.sim.simulator import SimResult, Simulation
+from testbed.sim.simulator import Simulation
 
 __all__ = [
     "HardwareSpec",
     "ProfileModel",
     "RooflineModel",
     "SimExecutor",
-    "SimResult",
     "Simulation",
     "make_latency_model",
 ]

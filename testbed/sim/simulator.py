@@ -19,7 +19,6 @@ import math
 import time
 from array import array
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 import simpy
@@ -27,7 +26,7 @@ import simpy
 from policies.routers import RoundRobin, Router
 from testbed.core import EngineCore, Request
 from testbed.core.fast_forward import advance_decode, decode_horizon
-from testbed.metrics import StepLog
+from testbed.metrics import RunResult, StepLog
 from testbed.sim.latency import decode_latencies
 
 MAX_JUMP = 4096  # steps per jump at most (bounds the arrays built per jump)
@@ -42,20 +41,6 @@ def delay_to(now: float, target: float) -> float:
     while now + d > target:
         d = math.nextafter(d, -math.inf)
     return d
-
-
-@dataclass
-class SimResult:
-    requests: list[Request]
-    steps: StepLog
-    duration_s: float  # simulated time at the end
-    wall_s: float
-    num_jumps: int = 0
-    num_jumped_steps: int = 0
-    partial: bool = False
-    stop_reason: str = "finished"
-    error: Exception | None = None  # what stopped the run, if it failed
-    extra: dict = field(default_factory=dict)
 
 
 class Replica:
@@ -244,7 +229,7 @@ class Simulation:
         if self.on_progress is not None:
             self.on_progress(self.env.now, self.num_finished)
 
-    def run(self) -> SimResult:
+    def run(self) -> RunResult:
         start = time.perf_counter()
         env = self.env
         env.process(self.dispatcher.run())
@@ -266,7 +251,7 @@ class Simulation:
         finally:
             if gc_enabled:
                 gc.enable()
-        return SimResult(
+        return RunResult(
             requests=self.requests,
             steps=self.steps,
             duration_s=env.now,

@@ -1,0 +1,125 @@
+"""The real engine's model configuration, read from an HF ``config.json``.
+
+Covers the Llama family as transformers defines it: Llama 2/3, Mistral,
+Qwen2/2.5 (biases on q, k and v) and Qwen3 (RMSNorm on each head of q and k),
+with grouped-query attention, RoPE and its ``linear`` and ``llama3`` scalings,
+RMSNorm, SwiGLU and tied or untied embeddings.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SUPPORTED = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """What the model code needs from an HF config."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    qk_norm: bool
+    eos_token_ids: tuple[int, ...] = ()
+    bos_token_id: int | None = None
+    sliding_window: int | None = None
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_hf(cls, cfg: Mapping[str, Any], source: str = "config") -> ModelConfig:
+        cfg = dict(cfg)
+        arch = (cfg.get("architectures") or ["LlamaForCausalLM"])[0]
+        kind = SUPPORTED.get(arch)
+        if kind is None:
+            raise ValueError(
+                f"{source}: architecture {arch!r} is not supported; "
+                f"supported: {', '.join(SUPPORTED)}"
+            )
+        try:
+            heads = int(cfg["num_attention_heads"])
+            hidden = int(cfg["hidden_size"])
+            rope = dict(cfg.get("rope_parameters") or {})
+            scaling = cfg.get("rope_scaling") or None
+            if scaling is None and rope.get("rope_type", "default") != "default":
+                scaling = rope
+            theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+            if scaling is not None:
+                scaling = dict(scaling)
+                kind_of = scaling.get("rope_type", scaling.get("type", "default"))
+                if kind_of not in ROPE_TYPES:
+                    raise ValueError(
+                        f"{source}: RoPE scaling {kind_of!r} is not supported; "
+                        f"supported: {', '.join(ROPE_TYPES)}"
+                    )
+                scaling["rope_type"] = kind_of
+                if kind_of == "default":
+                    scaling = None
+            eos = cfg.get("eos_token_id")
+            eos = tuple(eos) if isinstance(eos, list | tuple) else (() if eos is None else (eos,))
+            return cls(
+                model_type=kind,
+                vocab_size=int(cfg["vocab_size"]),
+                hidden_size=hidden,
+                intermediate_size=int(cfg["intermediate_size"]),
+                num_layers=int(cfg["num_hidden_layers"]),
+                num_heads=heads,
+                num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+                head_dim=int(cfg.get("head_dim") or hidden // heads),
+                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+                rope_theta=theta,
+                rope_scaling=scaling,
+                max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                # Qwen2 always has q/k/v biases; Llama-style configs say so themselves.
+                qkv_bias=kind == "qwen2" or bool(cfg.get("attention_bias", False)),
+                qk_norm=kind == "qwen3",
+                eos_token_ids=tuple(int(e) for e in eos),
+                bos_token_id=cfg.get("bos_token_id"),
+                sliding_window=cfg.get("sliding_window")
+                if cfg.get("use_sliding_window", kind == "mistral")
+                else None,
+                raw=cfg,
+            )
+        except KeyError as e:
+            raise ValueError(f"{source}: config lacks field {e.args[0]!r}") from e
+
+    @classmethod
+    def from_path(cls, path: str | Path) -> ModelConfig:
+        path = Path(path)
+        file = path / "config.json" if path.is_dir() else path
+        if not file.exists():
+            raise FileNotFoundError(f"no config.json at {file} (expected an HF model folder)")
+        try:
+            data = json.loads(file.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{file}: malformed JSON ({e})") from e
+        return cls.from_hf(data, source=str(file))
+
+    @property
+    def max_model_len(self) -> int:
+        """Longest sequence the model handles exactly (a sliding window caps it)."""
+        if self.sliding_window:
+            return min(self.max_position_embeddings, int(self.sliding_window))
+        return self.max_position_embeddings

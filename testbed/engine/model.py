@@ -1,0 +1,184 @@
+"""A Llama-family decoder in plain torch, reading and writing a paged KV cache.
+
+Module and parameter names follow transformers' (``model.layers.0.self_attn.q_proj``
+and so on) so that HF checkpoints load as they are. The forward pass takes one
+flattened batch of tokens from any number of requests (prefill chunks and
+decodes mixed); attention goes through ``kernels`` (Triton on CUDA, the torch
+reference elsewhere) with the batch's block tables.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from testbed.engine.config import ModelConfig
+
+
+@dataclass
+class AttentionMetadata:
+    """Where each token's K/V goes and what each sequence attends to."""
+
+    slot_mapping: torch.Tensor  # int64 [num_tokens]
+    block_tables: torch.Tensor  # int32 [num_seqs, max_blocks]
+    query_start_loc: torch.Tensor  # int32 [num_seqs + 1]
+    seq_lens: torch.Tensor  # int32 [num_seqs]: context + new tokens
+    max_query_len: int
+    max_seq_len: int  # on the host: sizes the decode kernel's split without a sync
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    # float32 throughout, as transformers computes it (for bit-close parity).
+    d = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    s = cfg.rope_scaling
+    if s is None:
+        return inv
+    if s["rope_type"] == "linear":
+        return inv / float(s["factor"])
+    # llama3: long wavelengths are scaled down, short ones kept, a smooth blend between.
+    factor, lo, hi = float(s["factor"]), float(s["low_freq_factor"]), float(s["high_freq_factor"])
+    old = float(s["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > old / lo, inv / factor, inv)
+    smooth = (old / wavelen - lo) / (hi - lo)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old / hi) & (wavelen <= old / lo)
+    return torch.where(medium, blended, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+
+    def forward(self, positions: torch.Tensor, *xs: torch.Tensor) -> list[torch.Tensor]:
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos()[:, None, :], emb.sin()[:, None, :]
+        out = []
+        for x in xs:  # [tokens, heads, head_dim], the "rotate half" convention of HF
+            x1, x2 = x.float().chunk(2, dim=-1)
+            rotated = torch.cat((-x2, x1), dim=-1)
+            out.append((x.float() * cos + rotated * sin).to(x.dtype))
+        return out
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, d
+        self.q_proj = nn.Linear(h, cfg.num_heads * d, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=False)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.scale = d**-0.5
+
+    def forward(self, x, positions, rope, meta: AttentionMetadata, kv_cache, backend):
+        t = x.shape[0]
+        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rope(positions, q, k)
+        key_cache, value_cache = kv_cache
+        backend.reshape_and_cache(k, v, key_cache, value_cache, meta.slot_mapping)
+        if meta.max_query_len == 1:
+            out = backend.paged_attention_decode(
+                q,
+                key_cache,
+                value_cache,
+                meta.block_tables,
+                meta.seq_lens,
+                self.scale,
+                max_context_len=meta.max_seq_len,
+            )
+        else:
+            out = backend.paged_attention_prefill(
+                q,
+                key_cache,
+                value_cache,
+                meta.block_tables,
+                meta.query_start_loc,
+                meta.seq_lens,
+                self.scale,
+            )
+        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        h, i = cfg.hidden_size, cfg.intermediate_size
+        self.gate_proj = nn.Linear(h, i, bias=False)
+        self.up_proj = nn.Linear(h, i, bias=False)
+        self.down_proj = nn.Linear(i, h, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, positions, rope, meta, kv_cache, backend):
+        x = x + self.self_attn(self.input_layernorm(x), positions, rope, meta, kv_cache, backend)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(cfg)
+
+
+class CausalLM(nn.Module):
+    """``forward`` returns hidden states of every token; ``logits`` projects the few
+    that sample (computing the vocabulary projection for all would waste it)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = Backbone(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids, positions, meta: AttentionMetadata, kv_caches, backend):
+        m = self.model
+        x = m.embed_tokens(input_ids)
+        for layer, kv_cache in zip(m.layers, kv_caches, strict=True):
+            x = layer(x, positions, m.rotary_emb, meta, kv_cache, backend)
+        return m.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()

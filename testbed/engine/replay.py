@@ -1,0 +1,76 @@
+"""Trace replay on the wall clock: the real engine's counterpart of the simulator.
+
+Requests are injected when their arrival time comes (seconds since the replay
+started), stamped by the same control-plane code as in simulation, and every
+engine step is logged; the run directory is the simulator's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+
+from testbed.core import EngineCore, Request, WallClock
+from testbed.metrics import RunResult, StepLog
+
+
+def replay(
+    engine: EngineCore,
+    requests: Sequence[Request],
+    on_progress: Callable[[float, int], None] | None = None,
+    max_wall_s: float | None = None,
+) -> RunResult:
+    """Run ``requests`` through ``engine`` at their arrival times, on its wall clock."""
+    clock = engine.clock
+    if not isinstance(clock, WallClock):
+        raise TypeError("replay runs on the wall clock: build the engine with a WallClock")
+    clock.reset()
+    start = time.perf_counter()
+    pending = deque(sorted(requests, key=lambda r: r.arrival_time))
+    log = StepLog()
+    num_done = 0
+    partial, reason, error = False, "finished", None
+    try:
+        while pending or engine.has_unfinished_requests():
+            now = clock()
+            if max_wall_s is not None and now > max_wall_s:
+                partial, reason = True, f"stopped at max_wall_s={max_wall_s}"
+                break
+            while pending and pending[0].arrival_time <= now:
+                if not engine.add_request(pending.popleft()):
+                    num_done += 1
+            if not engine.has_unfinished_requests():
+                if pending:  # idle until the next arrival
+                    time.sleep(max(0.0, pending[0].arrival_time - clock()))
+                continue
+            res = engine.step()
+            log.add(
+                0,
+                res.start_s,
+                res.latency_s,
+                res.num_reqs,
+                res.num_prefill_tokens,
+                res.num_decode_tokens,
+                res.kv_usage,
+                res.num_waiting,
+                res.num_running,
+                res.num_preempted,
+            )
+            if res.finished:
+                num_done += len(res.finished)
+                if on_progress is not None:
+                    on_progress(res.start_s + res.latency_s, num_done)
+    except KeyboardInterrupt:
+        partial, reason = True, "interrupted"
+    except Exception as e:  # keep what was measured; the caller re-raises
+        partial, reason, error = True, f"error: {e!r}", e
+    return RunResult(
+        requests=list(requests),
+        steps=log,
+        duration_s=clock(),
+        wall_s=time.perf_counter() - start,
+        partial=partial,
+        stop_reason=reason,
+        error=error,
+    )

@@ -1,0 +1,135 @@
+"""The model runner: one flattened batch per step, built from a ``SchedulerOutput``.
+
+It keeps each request's block table (rebuilt for new and resumed requests,
+extended with new blocks otherwise), gathers the tokens each request computes
+this step, their positions and KV slots, runs the model once over all of them
+(prefill chunks and decodes mixed), and samples for the requests whose prompt
+and output are fully computed.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from testbed.core import ExecutorOutput, SchedulerOutput
+from testbed.engine.model import AttentionMetadata, CausalLM
+from testbed.engine.sampler import Sampler
+
+
+def token_slice(req, start: int, end: int) -> list[int]:
+    """Tokens ``start:end`` of prompt + output + drafts, copying only what is needed."""
+    p = req.num_prompt_tokens
+    if end <= p:
+        return list(req.prompt_token_ids[start:end])
+    rest = req.output_token_ids + req.spec_token_ids if req.spec_token_ids else req.output_token_ids
+    if start >= p:
+        return rest[start - p : end - p]
+    return list(req.prompt_token_ids[start:]) + rest[: end - p]
+
+
+class ModelExecutor:
+    """The real data plane: a model, its paged KV cache and a sampler."""
+
+    def __init__(
+        self,
+        model: CausalLM,
+        num_blocks: int,
+        block_size: int,
+        backend,
+        device: torch.device,
+        seed: int = 0,
+    ) -> None:
+        cfg = model.config
+        self.model, self.backend, self.device = model, backend, device
+        self.block_size = block_size
+        dtype = next(model.parameters()).dtype
+        shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        self.kv_caches = [
+            (
+                torch.zeros(shape, dtype=dtype, device=device),
+                torch.zeros(shape, dtype=dtype, device=device),
+            )
+            for _ in range(cfg.num_layers)
+        ]
+        self.tables: dict[str, list[int]] = {}
+        self.sampler = Sampler(device, seed)
+        self.num_computed_tokens = 0  # tokens run through the model, all steps
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        k, _ = self.kv_caches[0]
+        return 2 * len(self.kv_caches) * k.numel() * k.element_size()
+
+    def _update_tables(self, so: SchedulerOutput) -> None:
+        for rid in so.finished_req_ids:
+            self.tables.pop(rid, None)
+            self.sampler.forget(rid)
+        for rid in so.preempted_req_ids:
+            self.tables.pop(rid, None)
+        for req in so.requests:
+            rid = req.request_id
+            new = so.new_block_ids.get(rid, ())
+            if rid in so.new_req_ids:
+                self.tables[rid] = list(new)
+            else:
+                self.tables[rid].extend(new)
+
+    def _prepare(self, so: SchedulerOutput):
+        bs = self.block_size
+        tokens: list[int] = []
+        positions, slots, q_start, seq_lens, sample_idx = [], [], [0], [], []
+        max_blocks = 1
+        for i, req in enumerate(so.requests):
+            n = so.num_scheduled_tokens[i]
+            ctx = req.num_computed_tokens - n
+            end = ctx + n
+            tokens.extend(token_slice(req, ctx, end))
+            pos = torch.arange(ctx, end)
+            table = torch.tensor(self.tables[req.request_id], dtype=torch.int64)
+            positions.append(pos)
+            slots.append(table[pos // bs] * bs + pos % bs)
+            q_start.append(q_start[-1] + n)
+            seq_lens.append(end)
+            max_blocks = max(max_blocks, len(self.tables[req.request_id]))
+            if so.samples(i):
+                sample_idx.append(q_start[-1] - 1)
+        tables = torch.zeros((len(so.requests), max_blocks), dtype=torch.int32)
+        for i, req in enumerate(so.requests):
+            t = self.tables[req.request_id]
+            tables[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.cat(slots).to(dev),
+            block_tables=tables.to(dev),
+            query_start_loc=torch.tensor(q_start, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            max_query_len=max(so.num_scheduled_tokens),
+            max_seq_len=max(seq_lens),
+        )
+        ids = torch.tensor(tokens, dtype=torch.int64, device=dev)
+        return ids, torch.cat(positions).to(dev), meta, sample_idx
+
+    @torch.inference_mode()
+    def execute(self, so: SchedulerOutput) -> ExecutorOutput:
+        start = time.perf_counter()
+        if so.spec_token_ids:
+            raise NotImplementedError("speculative decoding is not in the real engine yet")
+        self._update_tables(so)
+        if not so.requests:
+            return ExecutorOutput(sampled_token_ids=[], measured_s=time.perf_counter() - start)
+        ids, positions, meta, sample_idx = self._prepare(so)
+        hidden = self.model(ids, positions, meta, self.kv_caches, self.backend)
+        self.num_computed_tokens += ids.numel()
+        sampled: list[list[int]] = [[] for _ in so.requests]
+        if sample_idx:
+            logits = self.model.logits(hidden[sample_idx])
+            rows = [i for i in range(len(so.requests)) if so.samples(i)]
+            reqs = [so.requests[i] for i in rows]
+            toks = self.sampler.sample(
+                logits, [r.request_id for r in reqs], [r.sampling_params for r in reqs]
+            )
+            for i, tok in zip(rows, toks, strict=True):
+                sampled[i] = [tok]
+        return ExecutorOutput(sampled_token_ids=sampled, measured_s=time.perf_counter() - start)

@@ -1,0 +1,111 @@
+"""The real engine under the shared scheduler: batch invariance, prefix caching, bad input."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from testbed.core import SamplingParams
+from testbed.engine.llm import LLM, models_dir
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+
+def prompts(n: int = 8, seed: int = 0, shared: int = 24) -> list[list[int]]:
+    """Prompts of mixed lengths; half share a prefix of ``shared`` tokens."""
+    rng = random.Random(seed)
+    prefix = [rng.randrange(3, 32000) for _ in range(shared)]
+    out = []
+    for i in range(n):
+        body = [rng.randrange(3, 32000) for _ in range(rng.randint(3, 40))]
+        out.append(prefix + body if i % 2 else body)
+    return out
+
+
+@pytest.fixture(scope="module")
+def alone() -> list[list[int]]:
+    """Each prompt's greedy output computed alone, on a roomy engine."""
+    llm = LLM("dummy-llama", num_kv_blocks=64, enable_prefix_caching=False)
+    return [llm.generate([p], GREEDY)[0].token_ids for p in prompts()]
+
+
+@pytest.mark.parametrize(
+    "policy", ["fcfs", "sjf", "srpt", "mlfq", {"name": "fcfs", "victim": "least_computed"}], ids=str
+)
+def test_batch_invariance_under_chunking_caching_and_preemption(alone, policy):
+    # 24 blocks of 4 tokens cannot hold all eight requests at once: preemption.
+    llm = LLM(
+        "dummy-llama",
+        policy=policy,
+        num_kv_blocks=24,
+        block_size=4,
+        max_num_batched_tokens=16,
+        max_num_seqs=6,
+    )
+    outs = llm.generate(prompts(), GREEDY)
+    assert [o.token_ids for o in outs] == alone
+    assert llm.engine.scheduler.num_preemptions > 0
+    assert llm.engine.scheduler.kv.stats.hits > 0
+
+
+def test_prefix_caching_on_and_off_agree_and_on_computes_less():
+    ps = prompts(shared=48)
+    runs = {}
+    for on in (True, False):
+        llm = LLM("dummy-llama", enable_prefix_caching=on, num_kv_blocks=128, max_num_seqs=1)
+        runs[on] = (
+            [o.token_ids for o in llm.generate(ps, GREEDY)],
+            llm.executor.num_computed_tokens,
+        )
+    assert runs[True][0] == runs[False][0]
+    assert runs[True][1] < runs[False][1] - 100  # three shared 48-token prefixes reused
+
+
+def test_bad_input_is_rejected_with_reasons_and_the_rest_is_served():
+    llm = LLM("dummy-llama", num_kv_blocks=64, max_model_len=64)
+    good = [5, 6, 7]
+    outs = llm.generate([good, [], list(range(3, 100)), [1, 2, 40000], good], GREEDY)
+    assert outs[0].token_ids == outs[4].token_ids and len(outs[0].token_ids) == 12
+    assert outs[1].finish_reason == "empty prompt"
+    assert "exceeds max_model_len=64" in outs[2].finish_reason
+    assert outs[3].finish_reason == "token id 40000 outside the vocabulary of 32000"
+    assert outs[1].token_ids == outs[2].token_ids == outs[3].token_ids == []
+
+
+def test_missing_and_malformed_checkpoints_fail_clearly(tmp_path):
+    with pytest.raises(FileNotFoundError, match="neither an HF folder nor a config"):
+        LLM(str(tmp_path / "nowhere"))
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="malformed JSON"):
+        LLM(str(tmp_path))
+    from tests.engine.helpers import write_hf_model
+
+    write_hf_model("llama", tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"garbage")
+    with pytest.raises(ValueError, match="not a readable safetensors file"):
+        LLM(str(tmp_path))
+    (tmp_path / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="checkpoint file"):
+        LLM(str(tmp_path))
+
+
+def test_sampling_is_seeded_per_request_and_independent_of_the_batch():
+    llm = LLM("dummy-llama", num_kv_blocks=64)
+    sp = SamplingParams(
+        temperature=0.8, top_p=0.9, top_k=50, max_tokens=10, seed=7, ignore_eos=True
+    )
+    together = llm.generate(prompts(4), sp)
+    again = llm.generate(prompts(4)[2:3], sp)
+    assert together[2].token_ids == again[0].token_ids
+    assert together[0].token_ids != llm.generate(prompts(4)[:1], GREEDY)[0].token_ids
+
+
+def test_stories260k_writes_llama2cs_greedy_reference_story():
+    folder = models_dir() / "stories260K" / "hf"
+    if not (folder / "model.safetensors").exists():
+        pytest.skip(f"stories260K not found at {folder} (set TESTBED_MODELS_DIR)")
+    llm = LLM(str(folder), num_kv_blocks=64)
+    out = llm.generate([[1]], SamplingParams(temperature=0, max_tokens=200))[0]
+    reference = (models_dir() / "stories260K" / "llama2c" / "greedy_reference.txt").read_text()
+    assert len(out.token_ids) == 200 and out.text.strip() == reference.strip()

@@ -1,0 +1,44 @@
+"""Our model's logits equal transformers' on the same weights (fp32 tolerance)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from testbed.engine.config import ModelConfig
+from testbed.engine.llm import models_dir
+from testbed.engine.weights import build_model
+from tests.engine.helpers import ARCHS, run_prefill, write_hf_model
+
+PROMPT = [1, 17, 250, 3, 99, 42, 7, 7, 8, 120, 33, 5, 64, 200, 11, 2, 150, 6, 9, 10, 12, 13, 14]
+
+
+def ours(folder):
+    return build_model(ModelConfig.from_path(folder), folder, torch.float32, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("kind", sorted(ARCHS))
+def test_logits_match_transformers(tmp_path, kind):
+    hf = write_hf_model(kind, tmp_path)
+    with torch.no_grad():
+        expected = hf(torch.tensor([PROMPT])).logits[0].float()
+    model = ours(tmp_path)
+    got = run_prefill(model, PROMPT)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    # Chunked prefill over the paged cache gives the same logits.
+    torch.testing.assert_close(run_prefill(model, PROMPT, chunk=5), got, rtol=1e-5, atol=1e-5)
+
+
+def test_logits_match_transformers_on_stories260k():
+    folder = models_dir() / "stories260K" / "hf"
+    if not (folder / "model.safetensors").exists():
+        pytest.skip(f"stories260K not found at {folder} (set TESTBED_MODELS_DIR)")
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
+    prompt = [1, 403, 407, 261, 378, 280, 442, 267, 273, 350, 370]
+    with torch.no_grad():
+        expected = hf(torch.tensor([prompt])).logits[0].float()
+    torch.testing.assert_close(
+        run_prefill(ours(folder), prompt, chunk=4), expected, rtol=1e-4, atol=1e-4
+    )
