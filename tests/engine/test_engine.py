@@ -109,3 +109,29 @@ def test_stories260k_writes_llama2cs_greedy_reference_story():
     out = llm.generate([[1]], SamplingParams(temperature=0, max_tokens=200))[0]
     reference = (models_dir() / "stories260K" / "llama2c" / "greedy_reference.txt").read_text()
     assert len(out.token_ids) == 200 and out.text.strip() == reference.strip()
+
+
+def test_offline_api_as_users_know_it():
+    from testbed import LLM as PublicLLM
+    from testbed import SamplingParams as PublicParams
+
+    llm = PublicLLM("dummy-llama", num_kv_blocks=32, max_num_seqs=4)
+    outs = llm.generate(
+        [[5, 6, 7], [8, 9]],
+        [PublicParams(temperature=0, max_tokens=3), PublicParams(temperature=0, max_tokens=5)],
+    )
+    assert [len(o.token_ids) for o in outs] == [3, 5] and outs[0].text is None
+    with pytest.raises(ValueError, match="2 prompts but 1 sampling params"):
+        llm.generate([[1], [2]], [PublicParams()])
+    with pytest.raises(ValueError, match="has no tokenizer"):
+        llm.generate(["hello"])
+
+
+def test_text_prompts_with_the_models_tokenizer():
+    folder = models_dir() / "stories260K" / "hf"
+    if not (folder / "tokenizer.json").exists():
+        pytest.skip(f"stories260K not found at {folder} (set TESTBED_MODELS_DIR)")
+    llm = LLM(str(folder), num_kv_blocks=64)
+    out = llm.generate(["Once upon a time"], SamplingParams(temperature=0, max_tokens=20))[0]
+    assert out.prompt_token_ids[:2] == llm.tokenizer.encode("Once upon a time")[:2]
+    assert len(out.text) > 20
