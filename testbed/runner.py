@@ -151,44 +151,50 @@ def simulate(cfg: DictConfig, requests, spec: ModelSpec) -> tuple[Any, dict[str,
     return result, extra
 
 
+def real_model(cfg: DictConfig):
+    """(ModelConfig, weights folder or None, name) from the model config group."""
+    from testbed.engine.config import ModelConfig
+
+    m = cfg.model
+    if m.get("hf_config"):
+        hf = OmegaConf.to_container(m.hf_config, resolve=True)
+        return ModelConfig.from_hf(hf, source=f"model={m.name}"), None, m.name
+    folder = Path(m.path) if Path(m.path).is_absolute() else PROJECT_ROOT / m.path
+    return ModelConfig.from_path(folder), folder, m.name
+
+
+def engine_args(cfg: DictConfig):
+    """The real engine's options from the engine, hardware, mode and policy groups."""
+    from testbed.engine.llm import EngineArgs
+
+    e = cfg.engine
+    return EngineArgs(
+        model=cfg.model.name,
+        policy=OmegaConf.to_container(cfg.policy, resolve=True),
+        max_num_seqs=e.max_num_seqs,
+        max_num_batched_tokens=e.max_num_batched_tokens,
+        block_size=e.block_size,
+        enable_prefix_caching=e.enable_prefix_caching,
+        enable_chunked_prefill=e.enable_chunked_prefill,
+        long_prefill_token_threshold=e.long_prefill_token_threshold,
+        max_model_len=e.max_model_len,
+        num_kv_blocks=e.num_kv_blocks,
+        kv_cache_bytes=e.kv_cache_bytes or cfg.hardware.get("kv_cache_bytes"),
+        gpu_memory_utilization=e.gpu_memory_utilization,
+        device=cfg.mode.get("device"),
+        attention_backend=e.attention_backend,
+        seed=cfg.seed,
+    )
+
+
 def run_real(cfg: DictConfig, requests) -> tuple[Any, dict[str, Any]]:
     """Replay on the real engine, on the wall clock."""
     import torch
 
-    from testbed.engine.config import ModelConfig
-    from testbed.engine.llm import EngineArgs, build_engine
+    from testbed.engine.llm import build_engine
     from testbed.engine.replay import replay
 
-    engine_cfg, m = cfg.engine, cfg.model
-    if m.get("hf_config"):
-        model = (
-            ModelConfig.from_hf(
-                OmegaConf.to_container(m.hf_config, resolve=True), source=f"model={m.name}"
-            ),
-            None,
-            m.name,
-        )
-    else:
-        folder = Path(m.path) if Path(m.path).is_absolute() else PROJECT_ROOT / m.path
-        model = (ModelConfig.from_path(folder), folder, m.name)
-    args = EngineArgs(
-        model=m.name,
-        policy=OmegaConf.to_container(cfg.policy, resolve=True),
-        max_num_seqs=engine_cfg.max_num_seqs,
-        max_num_batched_tokens=engine_cfg.max_num_batched_tokens,
-        block_size=engine_cfg.block_size,
-        enable_prefix_caching=engine_cfg.enable_prefix_caching,
-        enable_chunked_prefill=engine_cfg.enable_chunked_prefill,
-        long_prefill_token_threshold=engine_cfg.long_prefill_token_threshold,
-        max_model_len=engine_cfg.max_model_len,
-        num_kv_blocks=engine_cfg.num_kv_blocks,
-        kv_cache_bytes=engine_cfg.kv_cache_bytes or cfg.hardware.get("kv_cache_bytes"),
-        gpu_memory_utilization=engine_cfg.gpu_memory_utilization,
-        device=cfg.mode.get("device"),
-        attention_backend=engine_cfg.attention_backend,
-        seed=cfg.seed,
-    )
-    engine, executor, _ = build_engine(args, model=model)
+    engine, executor, _ = build_engine(engine_args(cfg), model=real_model(cfg))
     progress = Progress(len(requests), cfg.progress)
     try:
         result = replay(engine, requests, progress, cfg.mode.get("max_wall_s"))
@@ -207,8 +213,25 @@ def run_real(cfg: DictConfig, requests) -> tuple[Any, dict[str, Any]]:
     return result, extra
 
 
+def profile_from_config(cfg: DictConfig) -> dict[str, Any]:
+    """mode=profile: measure the real engine and write its profile table."""
+    from testbed.profiling.profiler import GRIDS, run_profile
+
+    profiles = Path(cfg.profiles_dir)
+    profiles = profiles if profiles.is_absolute() else PROJECT_ROOT / profiles
+    print(f"profiling {cfg.model.name} on {cfg.hardware.name}: grid {cfg.mode.grid}")
+    path = run_profile(engine_args(cfg), GRIDS[cfg.mode.grid], cfg.mode.repeats,
+                       cfg.mode.warmup, profiles, cfg.hardware.name, cfg.model.name,
+                       model=real_model(cfg),
+                       replay_requests=cfg.mode.replay_requests)  # fmt: skip
+    print(f"wrote {path}")
+    return {"mode": "profile", "profile": str(path)}
+
+
 def run_from_config(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     """Run ``cfg`` and write its run directory; returns ``metrics.json``'s contents."""
+    if cfg.mode.name == "profile":
+        return profile_from_config(cfg)
     wall_start = time.perf_counter()
     if run_dir is None:
         from hydra.core.hydra_config import HydraConfig

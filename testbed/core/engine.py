@@ -3,7 +3,9 @@
 Time is injected. ``clock`` returns the current time on the run's clock: the
 wall clock for a real engine, the simulation's clock for the simulator. A
 step's tokens are stamped at its end: ``start + latency_s`` when the executor
-predicts the latency (simulation), else the clock read after the step.
+predicts the latency (simulation), else the clock read once the executor has
+sampled them; a measured step's ``latency_s`` also covers the accounting after
+it (``update_from_output``), since the next step cannot start before that.
 """
 
 from __future__ import annotations
@@ -106,17 +108,22 @@ class EngineCore:
         start = self.clock()
         out = sched.schedule(start)
         kv_usage = sched.kv.usage  # what the step holds, before finished requests free
+        measured = False
         if out.requests or out.kv_loads or sched.loading:
             result = self.executor.execute(out)
             if result.latency_s is not None:  # predicted (simulation)
                 latency = result.latency_s
                 end = start + latency
-            else:  # measured on the clock
+            else:  # on the clock: tokens exist once sampled
                 end = self.clock()
-                latency = end - start
+                measured = True
         else:
             result, end, latency = ExecutorOutput(sampled_token_ids=[]), start, 0.0
         finished = sched.update_from_output(out, result, end)
+        if measured:
+            # The step lasts until the next can start, accounting included, so that
+            # a profile of these latencies predicts the engine's whole cycle.
+            latency = self.clock() - start
         return StepResult(
             step_id=out.step_id,
             start_s=start,

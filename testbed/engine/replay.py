@@ -11,7 +11,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from testbed.core import EngineCore, Request, WallClock
+from testbed.core import EngineCore, Request, StepResult, WallClock
 from testbed.metrics import RunResult, StepLog
 
 
@@ -20,8 +20,10 @@ def replay(
     requests: Sequence[Request],
     on_progress: Callable[[float, int], None] | None = None,
     max_wall_s: float | None = None,
+    on_step: Callable[[StepResult], None] | None = None,
 ) -> RunResult:
-    """Run ``requests`` through ``engine`` at their arrival times, on its wall clock."""
+    """Run ``requests`` through ``engine`` at their arrival times, on its wall clock.
+    ``on_step`` sees every step's result (the profiler records them)."""
     clock = engine.clock
     if not isinstance(clock, WallClock):
         raise TypeError("replay runs on the wall clock: build the engine with a WallClock")
@@ -45,6 +47,8 @@ def replay(
                     time.sleep(max(0.0, pending[0].arrival_time - clock()))
                 continue
             res = engine.step()
+            if on_step is not None:
+                on_step(res)
             log.add(
                 0,
                 res.start_s,

@@ -56,6 +56,8 @@ class ModelExecutor:
         self.tables: dict[str, list[int]] = {}
         self.sampler = Sampler(device, seed)
         self.num_computed_tokens = 0  # tokens run through the model, all steps
+        self.record_timings = False  # synchronize the device for exact part timings
+        self.last_timings: dict[str, float] = {}
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -120,7 +122,11 @@ class ModelExecutor:
         if not so.requests:
             return ExecutorOutput(sampled_token_ids=[], measured_s=time.perf_counter() - start)
         ids, positions, meta, sample_idx = self._prepare(so)
+        t_prepared = time.perf_counter()
         hidden = self.model(ids, positions, meta, self.kv_caches, self.backend)
+        if self.record_timings and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        t_forward = time.perf_counter()
         self.num_computed_tokens += ids.numel()
         sampled: list[list[int]] = [[] for _ in so.requests]
         if sample_idx:
@@ -132,4 +138,8 @@ class ModelExecutor:
             )
             for i, tok in zip(rows, toks, strict=True):
                 sampled[i] = [tok]
-        return ExecutorOutput(sampled_token_ids=sampled, measured_s=time.perf_counter() - start)
+        end = time.perf_counter()
+        # The parts of this step, for the profiler (sampling includes the LM head).
+        self.last_timings = {"prepare": t_prepared - start, "forward": t_forward - t_prepared,
+                             "sample": end - t_forward}  # fmt: skip
+        return ExecutorOutput(sampled_token_ids=sampled, measured_s=end - start)

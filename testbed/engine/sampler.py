@@ -1,7 +1,10 @@
 """Sampling: greedy, temperature, top-k, top-p, seeded per request.
 
-A request with a seed draws from its own generator, so its tokens do not depend
-on which other requests share its batches.
+Random rows are sampled with the Gumbel-max trick, ``argmax(logits / T + g)``
+with ``g = -log(-log(u))``: the same distribution as drawing from the softmax,
+but vectorized over the batch after top-k and top-p have masked what they cut.
+Each request draws its noise ``u`` from its own generator, one vector per
+token, so its tokens do not depend on which requests share its batches.
 """
 
 from __future__ import annotations
@@ -37,23 +40,43 @@ class Sampler:
         self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams]
     ) -> list[int]:
         """One token per row of ``logits`` (float32 ``[n, vocab]``)."""
-        greedy = logits.argmax(dim=-1)
-        if all(p.temperature == 0 for p in params):
-            return greedy.tolist()
-        out = greedy.tolist()
-        for i, (rid, p) in enumerate(zip(request_ids, params, strict=True)):
-            if p.temperature == 0:
-                continue
-            row = logits[i] / p.temperature
-            if 0 < p.top_k < row.shape[-1]:
-                kth = torch.topk(row, p.top_k).values[-1]
-                row = row.masked_fill(row < kth, float("-inf"))
-            probs = torch.softmax(row, dim=-1)
-            if p.top_p < 1.0:
-                sorted_p, idx = probs.sort(descending=True)
-                # Keep the smallest set whose mass reaches top_p (the top token always).
-                drop = sorted_p.cumsum(-1) - sorted_p >= p.top_p
-                probs = probs.scatter(0, idx[drop], 0.0)
-                probs = probs / probs.sum()
-            out[i] = int(torch.multinomial(probs, 1, generator=self._generator(rid, p)))
-        return out
+        out = logits.argmax(dim=-1)
+        rows = [i for i, p in enumerate(params) if p.temperature > 0]
+        if not rows:
+            return out.tolist()
+        dev = logits.device
+        temps = torch.tensor([params[i].temperature for i in rows], device=dev)
+        scaled = logits[rows] / temps[:, None]
+        scaled = _top_k(scaled, [params[i].top_k for i in rows])
+        scaled = _top_p(scaled, [params[i].top_p for i in rows])
+        vocab = logits.shape[-1]
+        u = torch.stack([torch.rand(vocab, generator=self._generator(request_ids[i], params[i]),
+                                    device=dev) for i in rows])  # fmt: skip
+        gumbel = -torch.log(-torch.log(u.clamp_(min=1e-20)))
+        out[rows] = (scaled + gumbel).argmax(dim=-1)
+        return out.tolist()
+
+
+def _top_k(scaled: torch.Tensor, ks: list[int]) -> torch.Tensor:
+    vocab = scaled.shape[-1]
+    ks = [k if 0 < k < vocab else 0 for k in ks]
+    if not any(ks):
+        return scaled
+    kmax = max(ks)
+    top = torch.topk(scaled, kmax, dim=-1).values
+    idx = torch.tensor([max(k, 1) - 1 for k in ks], device=scaled.device)
+    kth = top.gather(1, idx[:, None])
+    kth[torch.tensor([k == 0 for k in ks], device=scaled.device)] = float("-inf")
+    return scaled.masked_fill(scaled < kth, float("-inf"))
+
+
+def _top_p(scaled: torch.Tensor, ps: list[float]) -> torch.Tensor:
+    if all(p >= 1.0 for p in ps):
+        return scaled
+    top_p = torch.tensor(ps, device=scaled.device)[:, None]
+    probs = torch.softmax(scaled, dim=-1)
+    sorted_p, idx = probs.sort(dim=-1, descending=True)
+    # Keep the smallest set whose mass reaches top_p (the top token always).
+    drop_sorted = (sorted_p.cumsum(-1) - sorted_p) >= top_p
+    drop = torch.zeros_like(drop_sorted).scatter_(1, idx, drop_sorted)
+    return scaled.masked_fill(drop, float("-inf"))

@@ -153,10 +153,27 @@ def nnls(a: np.ndarray, b: np.ndarray, iters: int = 500) -> np.ndarray:
     return x
 
 
+KNOTS = (2, 8, 32)  # batch sizes where a CPU or GPU GEMM changes regime
+
+
+def profile_basis(num_reqs, num_tokens, attn_pairs, kv_tokens) -> list:
+    """The fitted model's terms: a constant; the batch size, also through concave
+    ramps ``min(num_reqs, k)`` (a matrix product costs nearly the same for 1 and
+    2 rows, then grows with rows); tokens; attention pairs; KV tokens read."""
+    if isinstance(num_reqs, np.ndarray):
+        ramps = [np.minimum(num_reqs, k) for k in KNOTS]
+    else:
+        ramps = [min(num_reqs, k) for k in KNOTS]
+    return [1.0, num_reqs, *ramps, num_tokens, attn_pairs, kv_tokens]
+
+
 class ProfileModel:
-    """Fitted to measured steps: ``c0 + c1*num_reqs + c2*num_tokens + c3*attn_pairs +
-    c4*kv_tokens`` with every coefficient non-negative, so that predictions stay
-    positive and grow at most linearly outside the measured grid."""
+    """Fitted to measured steps: a non-negative combination of :func:`profile_basis`.
+
+    Non-negative coefficients keep predictions positive and monotone in every
+    feature, and growing at most linearly outside the measured grid. The fit
+    minimises relative error, so short steps count as much as long ones.
+    """
 
     kind = "profile"
 
@@ -169,13 +186,13 @@ class ProfileModel:
             raise ValueError(f"{self.path}: profile table lacks columns {missing}")
         if "kind" in table.columns:
             table = table[table["kind"] == "step"]
-        if len(table) < len(FEATURES) + 1:
+        cols = [table[c].to_numpy(float) for c in FEATURES]
+        x = np.column_stack([np.broadcast_to(b, len(table)) for b in profile_basis(*cols)])
+        if len(table) < x.shape[1]:
             raise ValueError(f"{self.path}: {len(table)} step rows are too few to fit")
-        x = np.column_stack([np.ones(len(table))] + [table[c].to_numpy(float) for c in FEATURES])
         y = table["latency_s"].to_numpy(float)
-        # Fit relative error: scale rows by 1/y so short steps count as much as long ones.
         self.coef = nnls(x / y[:, None], np.ones_like(y))
-        self._coef = tuple(float(c) for c in self.coef)  # Python floats: cheap scalar math
+        self._coef = [float(c) for c in self.coef]  # Python floats: cheap scalar math
         pred = x @ self.coef
         self.fit_rel_error = float(np.median(np.abs(pred - y) / y))
         self.source = (
@@ -184,12 +201,18 @@ class ProfileModel:
         )
 
     def predict(self, num_reqs: int, num_tokens: int, attn_pairs: float, kv_tokens: int) -> float:
-        c0, c1, c2, c3, c4 = self._coef
-        return c0 + c1 * num_reqs + c2 * num_tokens + c3 * attn_pairs + c4 * kv_tokens
+        total = 0.0
+        for c, b in zip(self._coef, profile_basis(num_reqs, num_tokens, attn_pairs, kv_tokens),
+                        strict=True):  # fmt: skip
+            total = total + c * b
+        return total
 
     def predict_many(self, num_reqs, num_tokens, attn_pairs, kv_tokens):
-        c0, c1, c2, c3, c4 = self._coef
-        return c0 + c1 * num_reqs + c2 * num_tokens + c3 * attn_pairs + c4 * kv_tokens
+        total = 0.0
+        for c, b in zip(self._coef, profile_basis(num_reqs, num_tokens, attn_pairs, kv_tokens),
+                        strict=True):  # fmt: skip
+            total = total + c * b
+        return total
 
 
 def read_profile_header(path: Path) -> dict[str, str]:

@@ -72,3 +72,17 @@ def test_nnls_matches_an_unconstrained_fit_when_that_is_nonnegative_and_clips_ot
     assert np.allclose(x, [1, 2, 3])
     x = nnls(a, a @ np.array([1.0, -2.0, 3.0]))
     assert (x >= 0).all() and x[1] == 0
+
+
+def test_profile_model_vectorized_predictions_equal_scalar_ones_exactly(tmp_path):
+    rows = [
+        (r, r * t, r * t * 300.0, r * 300, 1e-3 + 1e-4 * r + 1e-6 * r * t + 1e-4 * min(r, 8))
+        for r in (1, 2, 4, 8, 16, 64)
+        for t in (1, 16, 64)
+    ]
+    write_profile(tmp_path / "p.csv", rows)
+    model = ProfileModel(tmp_path / "p.csv")
+    lat = decode_latencies(model, 5, 1000, 30)
+    assert lat.tolist() == [
+        model.predict(5, 5, float(1000 + 5 * j), 1000 + 5 * j) for j in range(1, 31)
+    ]

@@ -178,7 +178,9 @@ def test_a_profile_for_the_hardware_and_model_replaces_the_roofline(tmp_path):
     write_profile(tmp_path / "profiles" / "cpu" / "dummy-llama.csv", rows)
     m = run(tmp_path, "trace.num_requests=20", f"profiles_dir={tmp_path / 'profiles'}")
     assert m["latency_model"] == "profile" and "dummy-llama.csv" in m["latency_model_source"]
-    assert run(tmp_path, "trace.num_requests=20", name="r2")["latency_model"] == "roofline"
+    empty = tmp_path / "no-profiles"
+    m = run(tmp_path, "trace.num_requests=20", f"profiles_dir={empty}", name="r2")
+    assert m["latency_model"] == "roofline"
 
 
 class ExplodingPolicy(FCFS):

@@ -1,0 +1,165 @@
+"""Sim-vs-real fidelity: the same trace, policy and engine in both modes, request by request.
+
+For each trace and policy it runs ``mode=sim`` (the latency model of this
+hardware and model: the measured profile where one exists) and ``mode=real``
+(the real engine on the wall clock), joins the two ``requests.csv`` on the
+request id, and reports the relative error of the simulation (sim / real - 1)
+on throughput and on the mean, p50, p90 and p99 of TTFT, TPOT and E2E, plus
+the per-request correlation of E2E. It writes the table (CSV, JSON), plots
+(CDF overlays and a sim-vs-real scatter of E2E per request) and logs both to W&B.
+
+Each trace is scaled to ``--load`` (default 70%) of the engine's capacity,
+which the simulator finds first by replaying the trace at saturation.
+
+    python experiments/fidelity.py --policies fcfs sjf priority vtc \\
+        --traces azure_conv mooncake_conv --num-requests 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from hydra import compose, initialize_config_dir  # noqa: E402
+
+from testbed.runner import run_from_config  # noqa: E402
+
+STATS = ("mean", "p50", "p90", "p99")
+LATENCIES = ("ttft_s", "tpot_s", "e2e_s")
+
+
+def compose_cfg(overrides: list[str]):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        return compose("config", overrides=overrides)
+
+
+def capacity(common: list[str], out: Path) -> float:
+    """Saturation throughput (req/s) of the engine on this trace, in simulation."""
+    m = run_from_config(compose_cfg([*common, "mode=sim", "trace.rate=1000", "policy=fcfs"]),
+                        out / "capacity")  # fmt: skip
+    return m["throughput_req_s"]
+
+
+def compare(sim_dir: Path, real_dir: Path) -> dict:
+    """Relative errors of the simulation against the real run."""
+    ms = json.loads((sim_dir / "metrics.json").read_text())
+    mr = json.loads((real_dir / "metrics.json").read_text())
+    row: dict = {}
+    for k in ("throughput_req_s", "throughput_output_tok_s"):
+        row[f"err_{k}"] = ms[k] / mr[k] - 1
+    for lat in LATENCIES:
+        for s in STATS:
+            key = f"{lat}_{s}"
+            row[f"sim_{key}"], row[f"real_{key}"] = ms[key], mr[key]
+            row[f"err_{key}"] = ms[key] / mr[key] - 1 if mr[key] else float("nan")
+    rs = pd.read_csv(sim_dir / "requests.csv").set_index("request_id")
+    rr = pd.read_csv(real_dir / "requests.csv").set_index("request_id")
+    both = rs[["e2e_s"]].join(rr[["e2e_s"]], suffixes=("_sim", "_real")).dropna()
+    row["e2e_corr"] = float(np.corrcoef(both["e2e_s_sim"], both["e2e_s_real"])[0, 1])
+    row["joined_requests"] = len(both)
+    return row
+
+
+def plot(pairs: list[tuple[str, Path, Path]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(pairs), 4, figsize=(16, 3.2 * len(pairs)), squeeze=False)
+    for row, (label, sim_dir, real_dir) in zip(axes, pairs, strict=True):
+        rs, rr = (pd.read_csv(d / "requests.csv") for d in (sim_dir, real_dir))
+        for ax, col in zip(row[:3], LATENCIES, strict=True):
+            for df, name in ((rr, "real"), (rs, "sim")):
+                v = np.sort(df[col].dropna().to_numpy())
+                ax.plot(v, np.arange(1, v.size + 1) / max(v.size, 1), label=name)
+            ax.set(xlabel=col, title=f"{label}: {col} CDF")
+            ax.legend()
+            ax.grid(alpha=0.3)
+        j = (
+            rs.set_index("request_id")[["e2e_s"]]
+            .join(rr.set_index("request_id")[["e2e_s"]], suffixes=("_sim", "_real"))
+            .dropna()
+        )
+        ax = row[3]
+        ax.scatter(j["e2e_s_real"], j["e2e_s_sim"], s=6)
+        hi = float(max(j.max().max(), 1e-3))
+        ax.plot([0, hi], [0, hi], color="gray", lw=1)
+        ax.set(xlabel="real E2E (s)", ylabel="sim E2E (s)", title=f"{label}: per request")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--policies", nargs="+", default=["fcfs", "sjf", "priority", "vtc"])
+    ap.add_argument("--traces", nargs="+", default=["azure_conv", "mooncake_conv"])
+    ap.add_argument("--num-requests", type=int, default=200)
+    ap.add_argument("--load", type=float, default=0.7)
+    ap.add_argument("--max-model-len", type=int, default=2048)
+    ap.add_argument("--out", default=str(ROOT / "experiments/results/fidelity_cpu"))
+    ap.add_argument("--runs", default=str(ROOT / "outputs/fidelity"))
+    ap.add_argument("--extra", nargs="*", default=[], help="more Hydra overrides for both modes")
+    ap.add_argument("--wandb", default="offline", choices=["offline", "online", "disabled"])
+    args = ap.parse_args()
+    out, runs = Path(args.out), Path(args.runs) / time.strftime("%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    quiet = ["logging=disabled", "progress=false", "plots=false"]
+    rows, pairs = [], []
+    for trace in args.traces:
+        common = [f"trace={trace}", f"trace.num_requests={args.num_requests}",
+                  f"trace.max_model_len={args.max_model_len}", *quiet, *args.extra]  # fmt: skip
+        cap = capacity(common, runs / trace)
+        rate = round(args.load * cap, 3)
+        print(f"{trace}: capacity {cap:.3f} req/s in simulation; replaying at {rate} req/s")
+        for policy in args.policies:
+            dirs = {}
+            for mode in ("sim", "real"):
+                dirs[mode] = runs / trace / f"{policy}-{mode}"
+                run_from_config(compose_cfg([*common, f"mode={mode}", f"policy={policy}",
+                                             f"trace.rate={rate}"]), dirs[mode])  # fmt: skip
+            row = dict(trace=trace, policy=policy, rate_req_s=rate, capacity_req_s=cap,
+                       **compare(dirs["sim"], dirs["real"]))  # fmt: skip
+            rows.append(row)
+            pairs.append((f"{trace}/{policy}", dirs["sim"], dirs["real"]))
+            print(
+                f"  {policy}: throughput {row['err_throughput_req_s']:+.1%}, "
+                f"TPOT mean {row['err_tpot_s_mean']:+.1%}, E2E mean {row['err_e2e_s_mean']:+.1%}, "
+                f"TTFT p50 {row['err_ttft_s_p50']:+.1%}, E2E corr {row['e2e_corr']:.3f}"
+            )
+    table = pd.DataFrame(rows)
+    table.to_csv(out / "fidelity.csv", index=False, float_format="%.6g")
+    meta = dict(date=time.strftime("%Y-%m-%d"), load=args.load, num_requests=args.num_requests,
+                max_model_len=args.max_model_len, extra=args.extra, runs=str(runs))  # fmt: skip
+    (out / "fidelity.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=2) + "\n")
+    plot(pairs, out / "fidelity.png")
+    print(table[["trace", "policy", "err_throughput_req_s", "err_tpot_s_mean", "err_e2e_s_mean",
+                 "err_ttft_s_p50", "e2e_corr"]].to_string(index=False))  # fmt: skip
+    if args.wandb != "disabled":
+        import wandb
+
+        run = wandb.init(project="llm-sched-testbed", group="fidelity", mode=args.wandb,
+                         dir=str(runs), config=meta, tags=["fidelity"])  # fmt: skip
+        run.log(
+            {
+                "fidelity": wandb.Table(dataframe=table),
+                "fidelity_plots": wandb.Image(str(out / "fidelity.png")),
+            }
+        )
+        run.finish()
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The profiler: measures the real engine's step latencies and writes profile tables."""

@@ -1,0 +1,252 @@
+"""The profiler: measures the real engine's steps on the machine at hand.
+
+For each point of a grid of batch compositions (decodes at several batch sizes
+and context lengths, prefills of several lengths, and prefills mixed with
+decodes) it builds exactly that batch in a real engine (fcfs, prefix caching
+off so every token is computed), runs warm-up steps, then times ``repeats``
+steps: the whole ``EngineCore.step`` cycle (scheduling, input preparation, the
+forward pass, sampling, accounting), and separately its parts. It writes the
+profile table of DESIGN.md: one row per grid point with the step features the
+latency models use, the median latency, its spread, and the parts.
+"""
+
+from __future__ import annotations
+
+import platform
+import random
+import statistics
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from testbed.core import Request, SamplingParams
+from testbed.engine.llm import EngineArgs, build_engine
+from testbed.sim.latency import step_features
+
+GRIDS = {
+    # (decode batch, decode context, prefill tokens) per point
+    "default": [(b, c, 0) for b in (1, 2, 4, 8, 16, 32, 64) for c in (64, 256, 1024)]
+    + [(0, 0, p) for p in (16, 64, 256, 512, 1024, 2000)]
+    + [(b, 256, p) for b in (4, 16) for p in (64, 256, 1024)],
+    "quick": [(b, 128, 0) for b in (1, 4, 16)] + [(0, 0, p) for p in (32, 256)] + [(4, 128, 128)],
+}
+
+
+PREFILL_BUDGET = 2048  # tokens per step beyond the decodes: the largest prefill point fits
+
+
+class TimedBackend:
+    """An attention backend that adds up the time its kernels take."""
+
+    def __init__(self, backend, device: torch.device) -> None:
+        self.backend, self.device, self.seconds = backend, device, 0.0
+
+    def _timed(self, name: str):
+        fn = getattr(self.backend, name)
+
+        def call(*args, **kwargs):
+            sync(self.device)
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            sync(self.device)
+            self.seconds += time.perf_counter() - t0
+            return out
+
+        return call
+
+    def __getattr__(self, name: str):
+        return self._timed(name)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class Point:
+    decode_batch: int
+    context: int
+    prefill_tokens: int
+
+
+# Sampled as trace replay samples (temperature 1, no top-k or top-p), so that the
+# profile includes the sampler's cost as the replayed workload pays it.
+SAMPLING = dict(temperature=1.0, ignore_eos=True)
+
+
+def _request(rid: str, n: int, out: int, rng: random.Random, vocab: int) -> Request:
+    return Request(
+        request_id=rid,
+        prompt_token_ids=[rng.randrange(vocab) for _ in range(n)],
+        sampling_params=SamplingParams(max_tokens=out, **SAMPLING),
+    )
+
+
+def measure_point(
+    engine, executor, point: Point, repeats: int, warmup: int, vocab: int, seed: int
+) -> dict:
+    """Median cycle time of ``repeats`` steps of exactly this composition."""
+    rng = random.Random(seed)
+    sched, clock = engine.scheduler, engine.clock
+    steps = warmup + repeats
+    # Long enough outputs that no decoder finishes before the timed steps are over,
+    # however many steps their own prefills take (they are aborted afterwards).
+    out_len = steps + 8 + -(-point.decode_batch * point.context // PREFILL_BUDGET)
+    decodes = [
+        _request(f"d{i}", point.context, out_len, rng, vocab) for i in range(point.decode_batch)
+    ]
+    for r in decodes:
+        r.arrival_time = clock()
+        engine.add_request(r)
+    while any(r.num_computed_tokens < r.num_tokens - 1 or not r.output_token_ids for r in decodes):
+        engine.step()  # prefill the decoders (not timed)
+    timed_backend = executor.backend = TimedBackend(executor.backend, executor.device)
+    rows = []
+    for k in range(steps):
+        if point.prefill_tokens:
+            p = _request(f"p{k}", point.prefill_tokens, 1, rng, vocab)
+            p.arrival_time = clock()
+            engine.add_request(p)
+        timed_backend.seconds = 0.0
+        t0 = time.perf_counter()
+        so = sched.schedule(clock())
+        t1 = time.perf_counter()
+        result = executor.execute(so)
+        sync(executor.device)
+        t2 = time.perf_counter()
+        sched.update_from_output(so, result, clock())
+        t3 = time.perf_counter()
+        if k >= warmup:
+            rows.append(dict(features=step_features(so), total=t3 - t0, schedule=t1 - t0,
+                             execute=t2 - t1, update=t3 - t2, attention=timed_backend.seconds,
+                             **executor.last_timings))  # fmt: skip
+    executor.backend = timed_backend.backend
+    for r in decodes:
+        engine.abort_request(r.request_id)
+    while engine.has_unfinished_requests():
+        engine.step()
+    return summarize_point(point, rows)
+
+
+def summarize_point(point: Point, rows: list[dict]) -> dict:
+    totals = [r["total"] for r in rows]
+    mid = sorted(range(len(rows)), key=lambda i: totals[i])[len(rows) // 2]
+    reqs, tokens, pairs, kv = rows[mid]["features"]
+    med = statistics.median
+
+    def part(name: str) -> float:
+        return med(r[name] for r in rows)
+
+    forward = part("forward")
+    return dict(
+        kind="step", grid="point", decode_batch=point.decode_batch, context=point.context,
+        prefill_tokens=point.prefill_tokens, num_reqs=reqs, num_tokens=tokens,
+        attn_pairs=pairs, kv_tokens=kv, latency_s=med(totals), latency_min_s=min(totals),
+        latency_max_s=max(totals), repeats=len(rows), schedule_s=part("schedule"),
+        prepare_s=part("prepare"), forward_s=forward, attention_s=part("attention"),
+        linear_s=max(0.0, forward - part("attention")), sample_s=part("sample"),
+        update_s=part("update"),
+    )  # fmt: skip
+
+
+def measure_replay(engine, num_requests: int, vocab: int, seed: int = 1234) -> list[dict]:
+    """Every step of a short replay of the embedded synthetic trace (another seed
+    than the default runs use): the batch mixes a real workload produces, which a
+    grid alone does not cover. One row per step."""
+    from testbed.engine.replay import replay
+    from testbed.workload import to_requests
+    from traces.synthetic import synthetic_trace
+
+    trace = synthetic_trace(num_requests=num_requests, rate=4.0, seed=seed)
+    requests = to_requests(trace, with_tokens=True, vocab_size=vocab, seed=seed)
+    for r in requests:
+        r.request_id = f"calibration-{r.request_id}"
+    rows: list[dict] = []
+
+    def record(res) -> None:
+        so = res.scheduler_output
+        if not so.requests:
+            return
+        reqs, tokens, pairs, kv = step_features(so)
+        rows.append(dict(kind="step", grid="replay", decode_batch=so.num_decode_tokens,
+                         context=0, prefill_tokens=so.num_prefill_tokens, num_reqs=reqs,
+                         num_tokens=tokens, attn_pairs=pairs, kv_tokens=kv,
+                         latency_s=res.latency_s, repeats=1))  # fmt: skip
+
+    replay(engine, requests, on_step=record)
+    return rows
+
+
+def run_profile(
+    args: EngineArgs,
+    grid: Iterable[tuple[int, int, int]],
+    repeats: int = 5,
+    warmup: int = 2,
+    out_dir: str | Path = "profiles",
+    hardware: str = "cpu",
+    model_name: str | None = None,
+    model=None,
+    replay_requests: int = 80,
+) -> Path:
+    """Measure every grid point, then every step of a short synthetic replay, and
+    write ``<out_dir>/<hardware>/<model>.csv``."""
+    points = [Point(*g) for g in grid]
+    batch_tokens = max(p.decode_batch * p.context for p in points)
+    longest = max(p.context + p.prefill_tokens for p in points) + repeats + warmup + 16
+    longest += -(-batch_tokens // PREFILL_BUDGET)  # the decoders' output lengths
+    batch = max(p.decode_batch for p in points) + 1
+    args.enable_prefix_caching = False
+    args.max_num_seqs = max(args.max_num_seqs, batch)
+    args.max_num_batched_tokens = batch + PREFILL_BUDGET
+    args.max_model_len = max(args.max_model_len or 0, longest)
+    engine, executor, cfg = build_engine(args, model=model)
+    executor.record_timings = True
+    name = model_name or Path(args.model).name
+    rows = []
+    for i, point in enumerate(points):
+        rows.append(measure_point(engine, executor, point, repeats, warmup, cfg.vocab_size, i))
+        r = rows[-1]
+        print(
+            f"  [{i + 1}/{len(points)}] decodes {point.decode_batch:>3} x ctx "
+            f"{point.context:>5}, prefill {point.prefill_tokens:>5}: "
+            f"{r['latency_s'] * 1e3:8.2f} ms",
+            flush=True,
+        )
+    print(f"  replaying {replay_requests} synthetic requests for realistic step mixes ...")
+    rows += measure_replay(engine, replay_requests, cfg.vocab_size)
+    device = executor.device
+    header = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda"
+        else f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads",
+        "hardware": hardware,
+        "model": name,
+        "dtype": str(next(executor.model.parameters()).dtype).removeprefix("torch."),
+        "tensor_parallel": 1,
+        "block_size": args.block_size,
+        "attention_backend": type(executor.backend).__name__
+        if not hasattr(executor.backend, "__name__") else executor.backend.__name__,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "repeats": repeats,
+        "warmup": warmup,
+        "sampling": ", ".join(f"{k}={v}" for k, v in SAMPLING.items()),
+        "measured_by": "testbed.profiling (python run.py mode=profile)",
+    }  # fmt: skip
+    path = Path(out_dir) / hardware / f"{name}.csv"
+    write_profile(path, header, pd.DataFrame(rows))
+    return path
+
+
+def write_profile(path: Path, header: dict, table: pd.DataFrame) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for k, v in header.items():
+            f.write(f"# {k}: {v}\n")
+        table.to_csv(f, index=False, float_format="%.9g")
