@@ -12,6 +12,7 @@ and not None):
 3. ``sample``: an int n or a fraction in (0, 1): :func:`~traces.transforms.sample`
 4. ``rate``: :func:`~traces.transforms.scale_to_rate` (req/s)
 5. ``time_scale``: :func:`~traces.transforms.scale_time`
+5b. ``prompt_scale``: :func:`~traces.transforms.scale_prompts`
 6. ``max_model_len``: :func:`~traces.transforms.cap_lengths`
 
 An option the loader itself takes goes to the loader instead (``num_requests``
@@ -82,7 +83,7 @@ _TRACES: dict[str, tuple[Callable[..., pd.DataFrame], str | None]] = {
 }
 TRACE_NAMES: tuple[str, ...] = tuple(_TRACES)
 _GENERIC = ("window_start_s", "window_end_s", "num_requests", "sample", "rate", "time_scale")
-_GENERIC += ("max_model_len", "seed")
+_GENERIC += ("prompt_scale", "max_model_len", "seed")
 
 
 def traces_dir() -> Path:
@@ -148,6 +149,8 @@ def _apply(df: pd.DataFrame, o: dict[str, Any]) -> pd.DataFrame:
         df = transforms.scale_to_rate(df, float(o["rate"]))
     if "time_scale" in o:
         df = transforms.scale_time(df, float(o["time_scale"]))
+    if "prompt_scale" in o:
+        df = transforms.scale_prompts(df, float(o["prompt_scale"]))
     if "max_model_len" in o:
         df = transforms.cap_lengths(df, int(o["max_model_len"]))
     return df

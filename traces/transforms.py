@@ -27,6 +27,22 @@ def _scaled(df: pd.DataFrame, factor: float, note: str) -> pd.DataFrame:
     return out
 
 
+def scale_prompts(df: pd.DataFrame, factor: float) -> pd.DataFrame:
+    """Multiply prompt lengths by ``factor`` (for a model with a shorter context),
+    keeping which requests share which prefix blocks: the tokens per hash id
+    scale too, so ``factor * hash_block_tokens`` must be a whole number."""
+    if not 0 < factor <= 1:
+        raise ValueError(f"prompt scale must be in (0, 1], got {factor}")
+    block = df.attrs.get("hash_block_tokens", 512) * factor
+    if df["prefix_hash_ids"].notna().any() and block != int(block):
+        raise ValueError(f"prompt scale {factor:g} makes hash blocks of {block:g} tokens: "
+                         "choose a factor that keeps them whole")  # fmt: skip
+    out = with_rows(df, df.copy(), f"scaled prompt lengths by {factor:g}")
+    out["prompt_tokens"] = np.maximum(1, np.ceil(df["prompt_tokens"] * factor)).astype("int64")
+    out.attrs["hash_block_tokens"] = int(block)
+    return out
+
+
 def scale_time(df: pd.DataFrame, factor: float) -> pd.DataFrame:
     """Multiply every arrival time by ``factor`` (> 1 slows the trace down)."""
     if not factor > 0:

@@ -104,3 +104,24 @@ def test_transforms_keep_dtypes(trace):
         assert out[column].dtype == trace[column].dtype
     assert out["capped"].dtype == np.bool_
     assert out.attrs["name"] == "t" and out.attrs["hash_block_tokens"] == 512
+
+
+def test_scale_prompts_keeps_prefix_sharing_whole():
+    from traces.transforms import scale_prompts
+
+    df = make_trace(
+        [0.0, 1.0],
+        [1024, 600],
+        [10, 10],
+        prefix_hash_ids=[(1, 2), (1,)],
+        name="t",
+        source="test",
+        hash_block_tokens=512,
+    )
+    out = scale_prompts(df, 0.0625)
+    assert out["prompt_tokens"].tolist() == [64, 38]
+    assert out.attrs["hash_block_tokens"] == 32
+    assert out["prefix_hash_ids"].tolist() == [(1, 2), (1,)]
+    assert "scaled prompt lengths by 0.0625" in out.attrs["notes"]
+    with pytest.raises(ValueError, match="whole"):
+        scale_prompts(df, 0.3)
