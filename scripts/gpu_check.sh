@@ -4,10 +4,11 @@
 #   scripts/gpu_check.sh OUT_DIR
 #
 # Installs nothing (the machine's python3 needs torch, triton, transformers,
-# safetensors, tokenizers, pyyaml, numpy and pytest; no Hydra, simpy or W&B);
-# about 6 minutes on an H200. Writes at most six files into OUT_DIR: device.txt,
-# pytest_gpu.log, bench.log and the benchmarks' JSON. Commit them with the date
-# and device under benchmarks/results/<device>/.
+# safetensors, tokenizers, pyyaml, numpy, pandas and pytest; no Hydra, simpy or
+# W&B); about 7 minutes on an H200. Writes at most eight files into OUT_DIR:
+# device.txt, pytest_gpu.log, bench.log, the benchmarks' JSON and the profile
+# h200-llama3-8b.csv. Commit the JSON with the date and device under
+# benchmarks/results/<device>/, and the profile as profiles/h200/llama3-8b.csv.
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_check.sh OUT_DIR}
 mkdir -p "$OUT"
@@ -22,7 +23,8 @@ PY=${PYTHON:-python3}
 } > "$OUT/device.txt" 2>&1
 
 # CUDA tests: kernels against references at real shapes, engine backends agree.
-timeout 240 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/engine \
+timeout 240 "$PY" -m pytest -q -m gpu -p no:cacheprovider --continue-on-collection-errors \
+  tests/kernels tests/engine \
   > "$OUT/pytest_gpu.log" 2>&1
 echo "pytest exit: $?" >> "$OUT/pytest_gpu.log"
 
@@ -35,5 +37,9 @@ echo "pytest exit: $?" >> "$OUT/pytest_gpu.log"
   timeout 150 "$PY" benchmarks/engine_throughput.py --model qwen3-0.6b --requests 256 \
     --prompt 512 512 --output 128 128 --max-num-seqs 256 --hf-batch 64 \
     --out "$OUT/engine_throughput.json"
+  echo "== profile of the Llama-3-8B shape (the simulator's calibration on this GPU)"
+  timeout 150 "$PY" -m testbed.profiling --model llama3-8b --hardware h200 --repeats 5 \
+    --replay-requests 40 --out "$OUT/profiles" && cp "$OUT/profiles/h200/llama3-8b.csv" \
+    "$OUT/h200-llama3-8b.csv" && rm -r "$OUT/profiles"
 } > "$OUT/bench.log" 2>&1
 echo "done: $(ls "$OUT")"

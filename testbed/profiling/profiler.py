@@ -29,7 +29,7 @@ from testbed.sim.latency import step_features
 
 GRIDS = {
     # (decode batch, decode context, prefill tokens) per point
-    "default": [(b, c, 0) for b in (1, 2, 4, 8, 16, 32, 64) for c in (64, 256, 1024)]
+    "default": [(b, c, 0) for b in (1, 2, 4, 8, 16, 32, 64) for c in (64, 256, 1024, 2000)]
     + [(0, 0, p) for p in (16, 64, 256, 512, 1024, 2000)]
     + [(b, 256, p) for b in (4, 16) for p in (64, 256, 1024)],
     "quick": [(b, 128, 0) for b in (1, 4, 16)] + [(0, 0, p) for p in (32, 256)] + [(4, 128, 128)],
@@ -162,7 +162,13 @@ def measure_replay(engine, num_requests: int, vocab: int, seed: int = 1234) -> l
     from testbed.workload import to_requests
     from traces.synthetic import synthetic_trace
 
-    trace = synthetic_trace(num_requests=num_requests, rate=4.0, seed=seed)
+    # Longer prompts than the default trace, so that contexts reach the model's
+    # length; a different seed and shape from any workload it is evaluated on.
+    trace = synthetic_trace(num_requests=num_requests, rate=2.5, seed=seed,
+                            prompt={"dist": "lognormal", "mean": 768, "cv": 0.8, "min": 16,
+                                    "max": 1800},
+                            output={"dist": "lognormal", "mean": 192, "cv": 1.0, "min": 1,
+                                    "max": 240})  # fmt: skip
     requests = to_requests(trace, with_tokens=True, vocab_size=vocab, seed=seed)
     for r in requests:
         r.request_id = f"calibration-{r.request_id}"
@@ -204,6 +210,10 @@ def run_profile(
     args.max_num_seqs = max(args.max_num_seqs, batch)
     args.max_num_batched_tokens = batch + PREFILL_BUDGET
     args.max_model_len = max(args.max_model_len or 0, longest)
+    # A cache that holds every grid point at once (no preemption while timing).
+    bs = args.block_size
+    need = max(p.decode_batch * -(-(p.context + longest - p.context) // bs) for p in points)
+    args.num_kv_blocks = max(args.num_kv_blocks or 0, need + -(-longest // bs) + 16)
     engine, executor, cfg = build_engine(args, model=model)
     executor.record_timings = True
     name = model_name or Path(args.model).name

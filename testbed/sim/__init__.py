@@ -1,8 +1,10 @@
-"""The discrete-event simulator: simpy replicas running the shared control plane."""
+"""The discrete-event simulator: simpy replicas running the shared control plane.
 
-from testbed.sim.executor import SimExecutor
+Imports are lazy so that the latency models (``testbed.sim.latency``) load
+without simpy, e.g. on a bare GPU machine that only profiles.
+"""
+
 from testbed.sim.latency import HardwareSpec, ProfileModel, RooflineModel, make_latency_model
-from testbed.sim.simulator import Simulation
 
 __all__ = [
     "HardwareSpec",
@@ -12,3 +14,15 @@ __all__ = [
     "Simulation",
     "make_latency_model",
 ]
+
+
+def __getattr__(name: str):
+    if name == "SimExecutor":
+        from testbed.sim.executor import SimExecutor
+
+        return SimExecutor
+    if name == "Simulation":
+        from testbed.sim.simulator import Simulation
+
+        return Simulation
+    raise AttributeError(f"module 'testbed.sim' has no attribute {name!r}")

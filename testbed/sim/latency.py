@@ -154,17 +154,23 @@ def nnls(a: np.ndarray, b: np.ndarray, iters: int = 500) -> np.ndarray:
 
 
 KNOTS = (2, 8, 32)  # batch sizes where a CPU or GPU GEMM changes regime
+KV_KNOTS = (8192, 32768)  # KV tokens read past which attention outgrows the caches
 
 
 def profile_basis(num_reqs, num_tokens, attn_pairs, kv_tokens) -> list:
     """The fitted model's terms: a constant; the batch size, also through concave
     ramps ``min(num_reqs, k)`` (a matrix product costs nearly the same for 1 and
-    2 rows, then grows with rows); tokens; attention pairs; KV tokens read."""
+    2 rows, then grows with rows); tokens; attention pairs; KV tokens read, also
+    through convex hinges ``max(kv_tokens - k, 0)`` (reading past the caches)."""
     if isinstance(num_reqs, np.ndarray):
         ramps = [np.minimum(num_reqs, k) for k in KNOTS]
     else:
         ramps = [min(num_reqs, k) for k in KNOTS]
-    return [1.0, num_reqs, *ramps, num_tokens, attn_pairs, kv_tokens]
+    if isinstance(kv_tokens, np.ndarray):
+        hinges = [np.maximum(kv_tokens - k, 0) for k in KV_KNOTS]
+    else:
+        hinges = [max(kv_tokens - k, 0) for k in KV_KNOTS]
+    return [1.0, num_reqs, *ramps, num_tokens, attn_pairs, kv_tokens, *hinges]
 
 
 class ProfileModel:
@@ -191,7 +197,14 @@ class ProfileModel:
         if len(table) < x.shape[1]:
             raise ValueError(f"{self.path}: {len(table)} step rows are too few to fit")
         y = table["latency_s"].to_numpy(float)
-        self.coef = nnls(x / y[:, None], np.ones_like(y))
+        # Relative error, and the grid's few points weigh as much as a replay's many
+        # steps: the grid covers the corners a replay does not reach.
+        w = 1 / y
+        if "grid" in table.columns:
+            groups = table["grid"].to_numpy()
+            for g in np.unique(groups):
+                w[groups == g] /= np.sqrt((groups == g).sum())
+        self.coef = nnls(x * w[:, None], w * y)
         self._coef = [float(c) for c in self.coef]  # Python floats: cheap scalar math
         pred = x @ self.coef
         self.fit_rel_error = float(np.median(np.abs(pred - y) / y))

@@ -1,0 +1,36 @@
+"""Profile without Hydra (for a bare CUDA machine):
+
+    python -m testbed.profiling --model llama3-8b --hardware h200 --out profiles
+
+The same measurement as ``python run.py mode=profile``; writes
+``<out>/<hardware>/<model>.csv``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from testbed.engine.llm import EngineArgs
+from testbed.profiling.profiler import GRIDS, run_profile
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="Measure the real engine's step latencies.")
+    ap.add_argument("--model", default="dummy-llama", help="a conf/model name or an HF folder")
+    ap.add_argument("--hardware", default="cpu", help="the profile's hardware name")
+    ap.add_argument("--grid", default="default", choices=sorted(GRIDS))
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--replay-requests", type=int, default=80)
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--num-kv-blocks", type=int, default=None)
+    ap.add_argument("--out", default="profiles")
+    args = ap.parse_args()
+    engine = EngineArgs(model=args.model, device=args.device, num_kv_blocks=args.num_kv_blocks)
+    path = run_profile(engine, GRIDS[args.grid], args.repeats, args.warmup, args.out,
+                       args.hardware, replay_requests=args.replay_requests)  # fmt: skip
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
