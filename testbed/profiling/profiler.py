@@ -30,7 +30,7 @@ from testbed.sim.latency import step_features
 GRIDS = {
     # (decode batch, decode context, prefill tokens) per point
     "default": [(b, c, 0) for b in (1, 2, 4, 8, 16, 32, 64) for c in (64, 256, 1024, 2000)]
-    + [(0, 0, p) for p in (16, 64, 256, 512, 1024, 2000)]
+    + [(0, 0, p) for p in (16, 64, 128, 256, 384, 512, 768, 1024, 1536, 2000)]
     + [(b, 256, p) for b in (4, 16) for p in (64, 256, 1024)],
     "quick": [(b, 128, 0) for b in (1, 4, 16)] + [(0, 0, p) for p in (32, 256)] + [(4, 128, 128)],
 }

@@ -155,22 +155,24 @@ def nnls(a: np.ndarray, b: np.ndarray, iters: int = 500) -> np.ndarray:
 
 KNOTS = (2, 8, 32)  # batch sizes where a CPU or GPU GEMM changes regime
 KV_KNOTS = (8192, 32768)  # KV tokens read past which attention outgrows the caches
+PAIR_KNOTS = (2**17, 2**19)  # attention pairs (a 512- and a 1,024-token prefill) likewise
 
 
 def profile_basis(num_reqs, num_tokens, attn_pairs, kv_tokens) -> list:
     """The fitted model's terms: a constant; the batch size, also through concave
     ramps ``min(num_reqs, k)`` (a matrix product costs nearly the same for 1 and
-    2 rows, then grows with rows); tokens; attention pairs; KV tokens read, also
-    through convex hinges ``max(kv_tokens - k, 0)`` (reading past the caches)."""
+    2 rows, then grows with rows); tokens; attention pairs and KV tokens read,
+    both also through convex hinges ``max(x - k, 0)`` (work that outgrows the
+    caches costs more per unit)."""
     if isinstance(num_reqs, np.ndarray):
         ramps = [np.minimum(num_reqs, k) for k in KNOTS]
     else:
         ramps = [min(num_reqs, k) for k in KNOTS]
-    if isinstance(kv_tokens, np.ndarray):
-        hinges = [np.maximum(kv_tokens - k, 0) for k in KV_KNOTS]
-    else:
-        hinges = [max(kv_tokens - k, 0) for k in KV_KNOTS]
-    return [1.0, num_reqs, *ramps, num_tokens, attn_pairs, kv_tokens, *hinges]
+    hinge = np.maximum if isinstance(kv_tokens, np.ndarray) else max
+    kv_hinges = [hinge(kv_tokens - k, 0) for k in KV_KNOTS]
+    pair_hinges = [(np.maximum if isinstance(attn_pairs, np.ndarray) else max)(attn_pairs - k, 0)
+                   for k in PAIR_KNOTS]  # fmt: skip
+    return [1.0, num_reqs, *ramps, num_tokens, attn_pairs, *pair_hinges, kv_tokens, *kv_hinges]
 
 
 class ProfileModel:
