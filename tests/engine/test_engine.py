@@ -101,7 +101,7 @@ def test_sampling_is_seeded_per_request_and_independent_of_the_batch():
     assert together[0].token_ids != llm.generate(prompts(4)[:1], GREEDY)[0].token_ids
 
 
-def test_stories260k_writes_llama2cs_greedy_reference_story():
+def test_the_shared_tinystories_model_writes_llama2cs_greedy_reference():
     folder = models_dir() / "stories260K" / "hf"
     if not (folder / "model.safetensors").exists():
         pytest.skip(f"stories260K not found at {folder} (set TESTBED_MODELS_DIR)")

@@ -29,7 +29,7 @@ def test_logits_match_transformers(tmp_path, kind):
     torch.testing.assert_close(run_prefill(model, PROMPT, chunk=5), got, rtol=1e-5, atol=1e-5)
 
 
-def test_logits_match_transformers_on_stories260k():
+def test_logits_match_transformers_on_the_shared_tinystories_model():
     folder = models_dir() / "stories260K" / "hf"
     if not (folder / "model.safetensors").exists():
         pytest.skip(f"stories260K not found at {folder} (set TESTBED_MODELS_DIR)")
