@@ -79,6 +79,10 @@ def paged_attention_decode(
     return out
 
 
+DECODE_CHUNK = 256  # tokens of K/V gathered at a time: small temporaries that stay in cache
+PREFILL_CHUNK = 256  # query rows at a time: keys past a chunk's last position are skipped
+
+
 def _decode_group(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -87,26 +91,45 @@ def _decode_group(
     lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
+    """Flash-decoding in torch: K/V gathered ``DECODE_CHUNK`` tokens at a time and
+    combined with a running (max, sum) softmax, so no [seqs, context] copy of the
+    whole cache is ever made (on a CPU that copy, not the arithmetic, is the cost)."""
     block_size, kv_heads = key_cache.shape[1], key_cache.shape[2]
     num_seqs, num_heads, head_dim = query.shape
+    group = num_heads // kv_heads
+    dev = query.device
     max_len = int(lens.max())
-    pos = torch.arange(max_len, device=query.device)
-    valid = pos[None, :] < lens[:, None]  # [S, T]
-    blocks = block_tables[:, : (max_len + block_size - 1) // block_size].long()
-    slots = blocks.gather(1, (pos // block_size).expand(num_seqs, -1)) * block_size
-    slots = slots + pos % block_size
-    # Padding reads the sequence's own first token (written, finite) rather than a
-    # table entry past its end, which may hold anything (NaN * weight 0 is NaN).
-    slots = torch.where(valid, slots, slots[:, :1]).view(-1)
-    k = key_cache.view(-1, kv_heads, head_dim).index_select(0, slots)
-    v = value_cache.view(-1, kv_heads, head_dim).index_select(0, slots)
-    k = k.view(num_seqs, max_len, kv_heads, head_dim).float()
-    v = v.view(num_seqs, max_len, kv_heads, head_dim).float()
     # Grouped-query attention without expanding K/V: [S, KVH, G, D] x [S, KVH, D, T].
-    q = query.float().view(num_seqs, kv_heads, num_heads // kv_heads, head_dim)
-    scores = torch.matmul(q, k.permute(0, 2, 3, 1)).mul_(scale)
-    scores.masked_fill_(~valid[:, None, None, :], float("-inf"))
-    out = torch.matmul(torch.softmax(scores, dim=-1), v.permute(0, 2, 1, 3))
+    q = query.float().view(num_seqs, kv_heads, group, head_dim) * scale
+    m = torch.full((num_seqs, kv_heads, group), float("-inf"), device=dev)
+    denom = torch.zeros(num_seqs, kv_heads, group, device=dev)
+    acc = torch.zeros(num_seqs, kv_heads, group, head_dim, device=dev)
+    keys = key_cache.view(-1, kv_heads, head_dim)
+    values = value_cache.view(-1, kv_heads, head_dim)
+    for start in range(0, max_len, DECODE_CHUNK):
+        end = min(max_len, start + DECODE_CHUNK)
+        pos = torch.arange(start, end, device=dev)
+        valid = pos[None, :] < lens[:, None]  # [S, n]
+        slots = block_tables.long().gather(1, (pos // block_size).expand(num_seqs, -1))
+        slots = slots * block_size + pos % block_size
+        # Padding reads the sequence's own first token (written, finite) rather than
+        # a table entry past its end, which may hold anything (NaN * weight 0 is NaN).
+        first = block_tables[:, :1].long() * block_size
+        slots = torch.where(valid, slots, first).view(-1)
+        n = end - start
+        k = keys.index_select(0, slots).view(num_seqs, n, kv_heads, head_dim).float()
+        v = values.index_select(0, slots).view(num_seqs, n, kv_heads, head_dim).float()
+        scores = torch.matmul(q, k.permute(0, 2, 3, 1))  # [S, KVH, G, n]
+        scores.masked_fill_(~valid[:, None, None, :], float("-inf"))
+        m_new = torch.maximum(m, scores.amax(-1))
+        # A sequence whose whole chunk is padding keeps m = -inf only before its
+        # first chunk, which always holds its first token: m_new is finite here.
+        p = torch.exp(scores - m_new[..., None])
+        correction = torch.exp(m - m_new)
+        denom = denom * correction + p.sum(-1)
+        acc = acc * correction[..., None] + torch.matmul(p, v.permute(0, 2, 1, 3))
+        m = m_new
+    out = acc / denom[..., None]
     return out.reshape(num_seqs, num_heads, head_dim).to(query.dtype)
 
 
@@ -148,22 +171,23 @@ def paged_attention_prefill(
             scale,
         )
     block_size = key_cache.shape[1]
+    dev = query.device
     for i, (q_len, n) in enumerate(zip(q_lens, lens)):
         if q_len <= 1:
             continue
         blocks = block_tables[i, : (n + block_size - 1) // block_size].long()
-        k = key_cache[blocks].flatten(0, 1)[:n].float()  # [n, KVH, D]
-        v = value_cache[blocks].flatten(0, 1)[:n].float()
-        q = query[starts[i] : starts[i + 1]].float()  # [q_len, H, D]
-        q_pos = torch.arange(n - q_len, n, device=query.device)
-        causal = torch.arange(n, device=query.device)[None, :] <= q_pos[:, None]
-        o = F.scaled_dot_product_attention(
-            q.transpose(0, 1),
-            k.transpose(0, 1),
-            v.transpose(0, 1),
-            attn_mask=causal,
-            scale=scale,
-            enable_gqa=True,
-        )
-        out[starts[i] : starts[i + 1]] = o.transpose(0, 1).to(query.dtype)
+        k = key_cache[blocks].flatten(0, 1)[:n].float().transpose(0, 1)  # [KVH, n, D]
+        v = value_cache[blocks].flatten(0, 1)[:n].float().transpose(0, 1)
+        # Query rows in chunks, each against the keys up to its last position only:
+        # about half the work of one masked [q_len, n] product for a long prompt.
+        for a in range(0, q_len, PREFILL_CHUNK):
+            b = min(q_len, a + PREFILL_CHUNK)
+            last = n - q_len + b  # keys this chunk may see
+            q = query[starts[i] + a : starts[i] + b].float().transpose(0, 1)  # [H, c, D]
+            q_pos = torch.arange(n - q_len + a, last, device=dev)
+            causal = torch.arange(last, device=dev)[None, :] <= q_pos[:, None]
+            o = F.scaled_dot_product_attention(
+                q, k[:, :last], v[:, :last], attn_mask=causal, scale=scale, enable_gqa=True
+            )
+            out[starts[i] + a : starts[i] + b] = o.transpose(0, 1).to(query.dtype)
     return out

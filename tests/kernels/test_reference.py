@@ -187,3 +187,23 @@ def test_prefill_any_block_size(block_size, group, seqs, seed):
         query, case.key_cache, case.value_cache, case.block_tables, starts, case.seq_lens, 0.125
     )
     assert_close(out, expected, torch.float32)
+
+
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_long_contexts_cross_the_references_chunks(block_size):
+    """Contexts and prompts longer than DECODE_CHUNK / PREFILL_CHUNK (256): the online
+    softmax across chunks and the per-chunk key limits must match dense attention."""
+    g = torch.Generator().manual_seed(block_size)
+    lens = [1, 255, 256, 257, 700, 513]
+    case = make_case(lens, 2, 64, block_size, torch.float32, g, unused="poison")
+    query, expected = decode_inputs(case, 4, g)
+    out = reference.paged_attention_decode(
+        query, case.key_cache, case.value_cache, case.block_tables, case.seq_lens, 0.125
+    )
+    assert_close(out, expected, torch.float32)
+    q_lens = [1, 255, 10, 257, 700, 300]  # whole prompts and chunks after a prefix
+    query, starts, expected = prefill_inputs(case, q_lens, 4, g)
+    out = reference.paged_attention_prefill(
+        query, case.key_cache, case.value_cache, case.block_tables, starts, case.seq_lens, 0.125
+    )
+    assert_close(out, expected, torch.float32)
