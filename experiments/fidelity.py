@@ -8,8 +8,10 @@ on throughput and on the mean, p50, p90 and p99 of TTFT, TPOT and E2E, plus
 the per-request correlation of E2E. It writes the table (CSV, JSON), plots
 (CDF overlays and a sim-vs-real scatter of E2E per request) and logs both to W&B.
 
-Each trace is scaled to ``--load`` (default 70%) of the engine's capacity,
-which the simulator finds first by replaying the trace at saturation.
+Each trace is scaled to ``--load`` (default 70%) of the engine's capacity: the
+highest rate it sustains, which the simulator finds first by bisection. With
+``--noise`` the first real run is repeated, and the difference between the two
+real runs (the machine's own noise floor) is reported beside the errors.
 
     python experiments/fidelity.py --policies fcfs sjf priority vtc \\
         --traces azure_conv mooncake_conv:prompt_scale=0.0625 --num-requests 200
@@ -47,10 +49,23 @@ def compose_cfg(overrides: list[str]):
 
 
 def capacity(common: list[str], out: Path) -> float:
-    """Saturation throughput (req/s) of the engine on this trace, in simulation."""
-    m = run_from_config(compose_cfg([*common, "mode=sim", "trace.rate=1000", "policy=fcfs"]),
-                        out / "capacity")  # fmt: skip
-    return m["throughput_req_s"]
+    """The highest arrival rate the engine sustains on this trace, in simulation:
+    bisection on the rate for the largest at which throughput keeps up with it
+    (>= 95%: a finite trace drains after its last arrival). A burst's throughput
+    would overstate it: a burst runs in batches a steady stream never forms."""
+
+    def keeps_up(rate: float) -> bool:
+        cfg = compose_cfg([*common, "mode=sim", f"trace.rate={rate:.4f}", "policy=fcfs"])
+        m = run_from_config(cfg, out / f"capacity-{rate:.4f}")
+        return m["throughput_req_s"] >= 0.95 * rate
+
+    lo, hi = 0.05, 0.1
+    while keeps_up(hi):
+        lo, hi = hi, hi * 2
+    for _ in range(8):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if keeps_up(mid) else (lo, mid)
+    return lo
 
 
 def compare(sim_dir: Path, real_dir: Path) -> dict:
@@ -116,6 +131,7 @@ def main() -> None:
     ap.add_argument("--runs", default=str(ROOT / "outputs/fidelity"))
     ap.add_argument("--extra", nargs="*", default=[], help="more Hydra overrides for both modes")
     ap.add_argument("--wandb", default="offline", choices=["offline", "online", "disabled"])
+    ap.add_argument("--noise", action="store_true", help="repeat the first real run")
     args = ap.parse_args()
     out, runs = Path(args.out), Path(args.runs) / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
@@ -142,6 +158,13 @@ def main() -> None:
                 dirs[mode] = runs / trace / f"{policy}-{mode}"
                 run_from_config(compose_cfg([*common, f"mode={mode}", f"policy={policy}",
                                              f"trace.rate={rate}"]), dirs[mode])  # fmt: skip
+            if args.noise and not rows:
+                again = runs / trace / f"{policy}-real-again"
+                run_from_config(compose_cfg([*common, "mode=real", f"policy={policy}",
+                                             f"trace.rate={rate}"]), again)  # fmt: skip
+                noise = compare(again, dirs["real"])  # the same real run, twice
+                rows.append(dict(trace=trace, policy=f"{policy} (real vs real)", rate_req_s=rate,
+                                 capacity_req_s=cap, **noise))  # fmt: skip
             row = dict(trace=trace, policy=policy, rate_req_s=rate, capacity_req_s=cap,
                        **compare(dirs["sim"], dirs["real"]))  # fmt: skip
             rows.append(row)

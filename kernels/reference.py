@@ -63,18 +63,15 @@ def paged_attention_decode(
     version uses to size its grid without a device sync; here it is not needed.
     """
     out = torch.zeros_like(query)
-    if query.shape[0] == 0:
-        return out
     lens = context_lens.long()
-    # Pad each sequence to the next power of two of its length and batch those that
-    # share it: padding costs at most 2x, whatever the spread of lengths.
-    bucket = torch.ceil(torch.log2(lens.clamp(min=1).double())).long().masked_fill_(lens == 0, -1)
-    for b in torch.unique(bucket).tolist():
-        if b < 0:
-            continue
-        idx = torch.nonzero(bucket == b).squeeze(1)
-        out[idx] = _decode_group(
-            query[idx], key_cache, value_cache, block_tables[idx], lens[idx], scale
+    # Longest first: then the sequences that still have tokens in a chunk are a
+    # prefix of the batch, and the work is the sum of the contexts, not
+    # batch x longest (see _decode_sorted).
+    order = torch.argsort(lens, descending=True, stable=True)
+    live = order[lens[order] > 0]
+    if live.numel():
+        out[live] = _decode_sorted(
+            query[live], key_cache, value_cache, block_tables[live], lens[live], scale
         )
     return out
 
@@ -83,7 +80,7 @@ DECODE_CHUNK = 256  # tokens of K/V gathered at a time: small temporaries that s
 PREFILL_CHUNK = 256  # query rows at a time: keys past a chunk's last position are skipped
 
 
-def _decode_group(
+def _decode_sorted(
     query: torch.Tensor,
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
@@ -91,14 +88,17 @@ def _decode_group(
     lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """Flash-decoding in torch: K/V gathered ``DECODE_CHUNK`` tokens at a time and
-    combined with a running (max, sum) softmax, so no [seqs, context] copy of the
-    whole cache is ever made (on a CPU that copy, not the arithmetic, is the cost)."""
+    """Flash-decoding in torch, for sequences sorted longest first (all non-empty).
+
+    K/V are gathered ``DECODE_CHUNK`` tokens at a time, only for the sequences
+    that reach into the chunk, and combined with a running (max, sum) softmax: no
+    [seqs, context] copy of the cache is ever made (on a CPU that copy, not the
+    arithmetic, is the cost), and the work grows with the sum of the contexts."""
     block_size, kv_heads = key_cache.shape[1], key_cache.shape[2]
     num_seqs, num_heads, head_dim = query.shape
     group = num_heads // kv_heads
     dev = query.device
-    max_len = int(lens.max())
+    lens_list = lens.tolist()
     # Grouped-query attention without expanding K/V: [S, KVH, G, D] x [S, KVH, D, T].
     q = query.float().view(num_seqs, kv_heads, group, head_dim) * scale
     m = torch.full((num_seqs, kv_heads, group), float("-inf"), device=dev)
@@ -106,29 +106,33 @@ def _decode_group(
     acc = torch.zeros(num_seqs, kv_heads, group, head_dim, device=dev)
     keys = key_cache.view(-1, kv_heads, head_dim)
     values = value_cache.view(-1, kv_heads, head_dim)
-    for start in range(0, max_len, DECODE_CHUNK):
-        end = min(max_len, start + DECODE_CHUNK)
+    tables = block_tables.long()
+    active = num_seqs
+    for start in range(0, lens_list[0], DECODE_CHUNK):
+        while lens_list[active - 1] <= start:  # sorted: the finished ones are at the end
+            active -= 1
+        end = min(lens_list[0], start + DECODE_CHUNK)
+        n = end - start
         pos = torch.arange(start, end, device=dev)
-        valid = pos[None, :] < lens[:, None]  # [S, n]
-        slots = block_tables.long().gather(1, (pos // block_size).expand(num_seqs, -1))
+        valid = pos[None, :] < lens[:active, None]  # [A, n]
+        slots = tables[:active].gather(1, (pos // block_size).expand(active, -1))
         slots = slots * block_size + pos % block_size
         # Padding reads the sequence's own first token (written, finite) rather than
         # a table entry past its end, which may hold anything (NaN * weight 0 is NaN).
-        first = block_tables[:, :1].long() * block_size
-        slots = torch.where(valid, slots, first).view(-1)
-        n = end - start
-        k = keys.index_select(0, slots).view(num_seqs, n, kv_heads, head_dim).float()
-        v = values.index_select(0, slots).view(num_seqs, n, kv_heads, head_dim).float()
-        scores = torch.matmul(q, k.permute(0, 2, 3, 1))  # [S, KVH, G, n]
+        slots = torch.where(valid, slots, tables[:active, :1] * block_size).view(-1)
+        k = keys.index_select(0, slots).view(active, n, kv_heads, head_dim).float()
+        v = values.index_select(0, slots).view(active, n, kv_heads, head_dim).float()
+        scores = torch.matmul(q[:active], k.permute(0, 2, 3, 1))  # [A, KVH, G, n]
         scores.masked_fill_(~valid[:, None, None, :], float("-inf"))
-        m_new = torch.maximum(m, scores.amax(-1))
-        # A sequence whose whole chunk is padding keeps m = -inf only before its
-        # first chunk, which always holds its first token: m_new is finite here.
+        # Every active sequence has a token in this chunk: the new max is finite.
+        m_new = torch.maximum(m[:active], scores.amax(-1))
         p = torch.exp(scores - m_new[..., None])
-        correction = torch.exp(m - m_new)
-        denom = denom * correction + p.sum(-1)
-        acc = acc * correction[..., None] + torch.matmul(p, v.permute(0, 2, 1, 3))
-        m = m_new
+        correction = torch.exp(m[:active] - m_new)
+        denom[:active] = denom[:active] * correction + p.sum(-1)
+        acc[:active] = acc[:active] * correction[..., None] + torch.matmul(
+            p, v.permute(0, 2, 1, 3)
+        )
+        m[:active] = m_new
     out = acc / denom[..., None]
     return out.reshape(num_seqs, num_heads, head_dim).to(query.dtype)
 

@@ -156,6 +156,7 @@ def nnls(a: np.ndarray, b: np.ndarray, iters: int = 500) -> np.ndarray:
 KNOTS = (2, 8, 32)  # batch sizes where a CPU or GPU GEMM changes regime
 KV_KNOTS = (8192, 32768)  # KV tokens read past which attention outgrows the caches
 PAIR_KNOTS = (2**17, 2**19)  # attention pairs (a 512- and a 1,024-token prefill) likewise
+GROUP_WEIGHTS = {"replay": 4.0, "point": 1.0}  # profile rows: realistic steps vs grid
 
 
 def profile_basis(num_reqs, num_tokens, attn_pairs, kv_tokens) -> list:
@@ -199,13 +200,15 @@ class ProfileModel:
         if len(table) < x.shape[1]:
             raise ValueError(f"{self.path}: {len(table)} step rows are too few to fit")
         y = table["latency_s"].to_numpy(float)
-        # Relative error, and the grid's few points weigh as much as a replay's many
-        # steps: the grid covers the corners a replay does not reach.
+        # Relative error. A replay's steps are the mixes real workloads produce, so
+        # together they weigh most; the grid's few points, together a quarter as
+        # much, anchor the corners a replay does not reach (and extrapolation).
         w = 1 / y
         if "grid" in table.columns:
             groups = table["grid"].to_numpy()
             for g in np.unique(groups):
-                w[groups == g] /= np.sqrt((groups == g).sum())
+                share = GROUP_WEIGHTS.get(g, 1.0) / np.sqrt((groups == g).sum())
+                w[groups == g] *= share
         self.coef = nnls(x * w[:, None], w * y)
         self._coef = [float(c) for c in self.coef]  # Python floats: cheap scalar math
         pred = x @ self.coef
