@@ -129,9 +129,7 @@ def _decode_sorted(
         p = torch.exp(scores - m_new[..., None])
         correction = torch.exp(m[:active] - m_new)
         denom[:active] = denom[:active] * correction + p.sum(-1)
-        acc[:active] = acc[:active] * correction[..., None] + torch.matmul(
-            p, v.permute(0, 2, 1, 3)
-        )
+        acc[:active] = acc[:active] * correction[..., None] + torch.matmul(p, v.permute(0, 2, 1, 3))
         m[:active] = m_new
     out = acc / denom[..., None]
     return out.reshape(num_seqs, num_heads, head_dim).to(query.dtype)

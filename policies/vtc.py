@@ -46,10 +46,14 @@ class VTC(Policy):
 
     def on_step(self, output: SchedulerOutput, finished: Sequence[Request], now: float) -> None:
         counters, w_in, w_out = self.counters, self.input_weight, self.output_weight
-        for i, req in enumerate(output.requests):
-            n = output.num_scheduled_tokens[i]
-            prompt_part = min(n, max(0, req.num_prompt_tokens - output.context_len(i)))
-            counters[req.tenant] += w_in * prompt_part + w_out * (n - prompt_part)
+        for req, n in zip(output.requests, output.num_scheduled_tokens, strict=True):
+            # Tokens at prompt positions are input; the rest (decodes, drafts) output.
+            prompt_part = req.num_prompt_tokens - (req.num_computed_tokens - n)
+            if prompt_part <= 0:
+                counters[req.tenant] += w_out * n
+            else:
+                prompt_part = min(n, prompt_part)
+                counters[req.tenant] += w_in * prompt_part + w_out * (n - prompt_part)
         self._forget(finished)
 
     def on_decode_steps(
