@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from testbed.models import ModelSpec
+
 SUPPORTED = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
@@ -57,9 +59,8 @@ class ModelConfig:
                 f"{source}: architecture {arch!r} is not supported; "
                 f"supported: {', '.join(SUPPORTED)}"
             )
+        shape = ModelSpec.from_hf_config(cfg, name=source)  # the fields both modes read
         try:
-            heads = int(cfg["num_attention_heads"])
-            hidden = int(cfg["hidden_size"])
             rope = dict(cfg.get("rope_parameters") or {})
             scaling = cfg.get("rope_scaling") or None
             if scaling is None and rope.get("rope_type", "default") != "default":
@@ -80,18 +81,18 @@ class ModelConfig:
             eos = tuple(eos) if isinstance(eos, list | tuple) else (() if eos is None else (eos,))
             return cls(
                 model_type=kind,
-                vocab_size=int(cfg["vocab_size"]),
-                hidden_size=hidden,
-                intermediate_size=int(cfg["intermediate_size"]),
-                num_layers=int(cfg["num_hidden_layers"]),
-                num_heads=heads,
-                num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-                head_dim=int(cfg.get("head_dim") or hidden // heads),
+                vocab_size=shape.vocab_size,
+                hidden_size=shape.hidden_size,
+                intermediate_size=shape.intermediate_size,
+                num_layers=shape.num_layers,
+                num_heads=shape.num_heads,
+                num_kv_heads=shape.num_kv_heads,
+                head_dim=shape.head_dim,
                 rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
                 rope_theta=theta,
                 rope_scaling=scaling,
-                max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
-                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                max_position_embeddings=shape.max_position_embeddings,
+                tie_word_embeddings=shape.tie_word_embeddings,
                 # Qwen2 always has q/k/v biases; Llama-style configs say so themselves.
                 qkv_bias=kind == "qwen2" or bool(cfg.get("attention_bias", False)),
                 qk_norm=kind == "qwen3",

@@ -49,18 +49,7 @@ def replay(
             res = engine.step()
             if on_step is not None:
                 on_step(res)
-            log.add(
-                0,
-                res.start_s,
-                res.latency_s,
-                res.num_reqs,
-                res.num_prefill_tokens,
-                res.num_decode_tokens,
-                res.kv_usage,
-                res.num_waiting,
-                res.num_running,
-                res.num_preempted,
-            )
+            log.add_result(0, res)
             if res.finished:
                 num_done += len(res.finished)
                 if on_progress is not None:

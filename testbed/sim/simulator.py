@@ -80,18 +80,7 @@ class Replica:
                 yield from self._jump(k, sched, log, latency_model)
                 continue
             res = engine.step()
-            log.add(
-                self.index,
-                res.start_s,
-                res.latency_s,
-                res.num_reqs,
-                res.num_prefill_tokens,
-                res.num_decode_tokens,
-                res.kv_usage,
-                res.num_waiting,
-                res.num_running,
-                res.num_preempted,
-            )
+            log.add_result(self.index, res)
             if res.latency_s > 0:
                 yield env.timeout(res.latency_s)
             elif res.num_reqs == 0:
