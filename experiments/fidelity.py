@@ -177,7 +177,8 @@ def main() -> None:
     table = pd.DataFrame(rows)
     table.to_csv(out / "fidelity.csv", index=False, float_format="%.6g")
     meta = dict(date=time.strftime("%Y-%m-%d"), load=args.load, num_requests=args.num_requests,
-                max_model_len=args.max_model_len, extra=args.extra, runs=str(runs))  # fmt: skip
+                max_model_len=args.max_model_len, extra=args.extra,
+                runs=str(runs.relative_to(ROOT)) if runs.is_relative_to(ROOT) else str(runs))  # fmt: skip
     (out / "fidelity.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=2) + "\n")
     plot(pairs, out / "fidelity.png")
     print(table[["trace", "policy", "err_throughput_req_s", "err_tpot_s_mean", "err_e2e_s_mean",
