@@ -79,9 +79,14 @@ def run_hf(model, prompts, outputs, batch: int) -> float:
             ids[j, width - len(p) :] = torch.tensor(p)
             mask[j, width - len(p) :] = 1
         with torch.inference_mode():
-            model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
-                           max_new_tokens=max(os_), min_new_tokens=max(os_), do_sample=False,
-                           pad_token_id=0)  # fmt: skip
+            model.generate(
+                input_ids=ids.to(device),
+                attention_mask=mask.to(device),
+                max_new_tokens=max(os_),
+                min_new_tokens=max(os_),
+                do_sample=False,
+                pad_token_id=0,
+            )
     sync()
     return time.perf_counter() - t0
 
@@ -102,18 +107,28 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/engine_throughput.json")
     args = ap.parse_args()
     llm = LLM(args.model, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=4096)
-    prompts, outputs = workload(args.requests, tuple(args.prompt), tuple(args.output),
-                                llm.config.vocab_size, 0)  # fmt: skip
+    prompts, outputs = workload(
+        args.requests, tuple(args.prompt), tuple(args.output), llm.config.vocab_size, 0
+    )
     run_ours(llm, prompts[:4], [8] * 4)  # warm-up
     ours_s, _ = run_ours(llm, prompts, outputs)
     hf = hf_model_like(llm)
     run_hf(hf, prompts[:4], [8] * 4, 4)  # warm-up
     hf_s = run_hf(hf, prompts, outputs, args.hf_batch)
     tokens = sum(outputs)
-    row = dict(model=args.model, device=str(llm.executor.device), requests=args.requests,
-               output_tokens=tokens, ours_s=ours_s, hf_generate_s=hf_s,
-               ours_tok_s=tokens / ours_s, hf_tok_s=tokens / hf_s, speedup=hf_s / ours_s,
-               torch=torch.__version__, threads=torch.get_num_threads())  # fmt: skip
+    row = dict(
+        model=args.model,
+        device=str(llm.executor.device),
+        requests=args.requests,
+        output_tokens=tokens,
+        ours_s=ours_s,
+        hf_generate_s=hf_s,
+        ours_tok_s=tokens / ours_s,
+        hf_tok_s=tokens / hf_s,
+        speedup=hf_s / ours_s,
+        torch=torch.__version__,
+        threads=torch.get_num_threads(),
+    )
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name()
         peak = next((v for k, v in HBM.items() if k in name), None)
@@ -127,8 +142,14 @@ def main() -> None:
     print(f"{'ours':14} {ours_s:>9.2f} {row['ours_tok_s']:>10.1f}")
     print(f"{'hf generate':14} {hf_s:>9.2f} {row['hf_tok_s']:>10.1f}")
     print(f"speed-up: {row['speedup']:.2f}x (aim: >= 3x on CPU with the default model)")
-    write_results(args.out, "engine_throughput", [row], prompt=args.prompt, output=args.output,
-                  hf_batch=args.hf_batch)  # fmt: skip
+    write_results(
+        args.out,
+        "engine_throughput",
+        [row],
+        prompt=args.prompt,
+        output=args.output,
+        hf_batch=args.hf_batch,
+    )
 
 
 if __name__ == "__main__":

@@ -156,17 +156,35 @@ def main() -> None:
             dirs = {}
             for mode in ("sim", "real"):
                 dirs[mode] = runs / trace / f"{policy}-{mode}"
-                run_from_config(compose_cfg([*common, f"mode={mode}", f"policy={policy}",
-                                             f"trace.rate={rate}"]), dirs[mode])  # fmt: skip
+                run_from_config(
+                    compose_cfg(
+                        [*common, f"mode={mode}", f"policy={policy}", f"trace.rate={rate}"]
+                    ),
+                    dirs[mode],
+                )
             if args.noise and not rows:
                 again = runs / trace / f"{policy}-real-again"
-                run_from_config(compose_cfg([*common, "mode=real", f"policy={policy}",
-                                             f"trace.rate={rate}"]), again)  # fmt: skip
+                run_from_config(
+                    compose_cfg([*common, "mode=real", f"policy={policy}", f"trace.rate={rate}"]),
+                    again,
+                )
                 noise = compare(again, dirs["real"])  # the same real run, twice
-                rows.append(dict(trace=trace, policy=f"{policy} (real vs real)", rate_req_s=rate,
-                                 capacity_req_s=cap, **noise))  # fmt: skip
-            row = dict(trace=trace, policy=policy, rate_req_s=rate, capacity_req_s=cap,
-                       **compare(dirs["sim"], dirs["real"]))  # fmt: skip
+                rows.append(
+                    dict(
+                        trace=trace,
+                        policy=f"{policy} (real vs real)",
+                        rate_req_s=rate,
+                        capacity_req_s=cap,
+                        **noise,
+                    )
+                )
+            row = dict(
+                trace=trace,
+                policy=policy,
+                rate_req_s=rate,
+                capacity_req_s=cap,
+                **compare(dirs["sim"], dirs["real"]),
+            )
             rows.append(row)
             pairs.append((f"{trace}/{policy}", dirs["sim"], dirs["real"]))
             print(
@@ -176,18 +194,40 @@ def main() -> None:
             )
     table = pd.DataFrame(rows)
     table.to_csv(out / "fidelity.csv", index=False, float_format="%.6g")
-    meta = dict(date=time.strftime("%Y-%m-%d"), load=args.load, num_requests=args.num_requests,
-                max_model_len=args.max_model_len, extra=args.extra,
-                runs=str(runs.relative_to(ROOT)) if runs.is_relative_to(ROOT) else str(runs))  # fmt: skip
+    meta = dict(
+        date=time.strftime("%Y-%m-%d"),
+        load=args.load,
+        num_requests=args.num_requests,
+        max_model_len=args.max_model_len,
+        extra=args.extra,
+        runs=str(runs.relative_to(ROOT)) if runs.is_relative_to(ROOT) else str(runs),
+    )
     (out / "fidelity.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=2) + "\n")
     plot(pairs, out / "fidelity.png")
-    print(table[["trace", "policy", "err_throughput_req_s", "err_tpot_s_mean", "err_e2e_s_mean",
-                 "err_ttft_s_p50", "e2e_corr"]].to_string(index=False))  # fmt: skip
+    print(
+        table[
+            [
+                "trace",
+                "policy",
+                "err_throughput_req_s",
+                "err_tpot_s_mean",
+                "err_e2e_s_mean",
+                "err_ttft_s_p50",
+                "e2e_corr",
+            ]
+        ].to_string(index=False)
+    )
     if args.wandb != "disabled":
         import wandb
 
-        run = wandb.init(project="llm-sched-testbed", group="fidelity", mode=args.wandb,
-                         dir=str(runs), config=meta, tags=["fidelity"])  # fmt: skip
+        run = wandb.init(
+            project="llm-sched-testbed",
+            group="fidelity",
+            mode=args.wandb,
+            dir=str(runs),
+            config=meta,
+            tags=["fidelity"],
+        )
         run.log(
             {
                 "fidelity": wandb.Table(dataframe=table),

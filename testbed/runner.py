@@ -220,10 +220,17 @@ def profile_from_config(cfg: DictConfig) -> dict[str, Any]:
     profiles = Path(cfg.profiles_dir)
     profiles = profiles if profiles.is_absolute() else PROJECT_ROOT / profiles
     print(f"profiling {cfg.model.name} on {cfg.hardware.name}: grid {cfg.mode.grid}")
-    path = run_profile(engine_args(cfg), GRIDS[cfg.mode.grid], cfg.mode.repeats,
-                       cfg.mode.warmup, profiles, cfg.hardware.name, cfg.model.name,
-                       model=real_model(cfg),
-                       replay_requests=cfg.mode.replay_requests)  # fmt: skip
+    path = run_profile(
+        engine_args(cfg),
+        GRIDS[cfg.mode.grid],
+        cfg.mode.repeats,
+        cfg.mode.warmup,
+        profiles,
+        cfg.hardware.name,
+        cfg.model.name,
+        model=real_model(cfg),
+        replay_requests=cfg.mode.replay_requests,
+    )
     print(f"wrote {path}")
     return {"mode": "profile", "profile": str(path)}
 

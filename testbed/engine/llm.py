@@ -108,8 +108,12 @@ def pick_device(device: str | None) -> torch.device:
 def pick_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
     if device.type == "cpu":
         return torch.float32  # CPU kernels are fast and exact in fp32
-    named = {"float16": torch.float16, "fp16": torch.float16, "float32": torch.float32,
-             "fp32": torch.float32}  # fmt: skip
+    named = {
+        "float16": torch.float16,
+        "fp16": torch.float16,
+        "float32": torch.float32,
+        "fp32": torch.float32,
+    }
     return named.get(dtype or "", torch.bfloat16)
 
 

@@ -140,6 +140,9 @@ class ModelExecutor:
                 sampled[i] = [tok]
         end = time.perf_counter()
         # The parts of this step, for the profiler (sampling includes the LM head).
-        self.last_timings = {"prepare": t_prepared - start, "forward": t_forward - t_prepared,
-                             "sample": end - t_forward}  # fmt: skip
+        self.last_timings = {
+            "prepare": t_prepared - start,
+            "forward": t_forward - t_prepared,
+            "sample": end - t_forward,
+        }
         return ExecutorOutput(sampled_token_ids=sampled, measured_s=end - start)

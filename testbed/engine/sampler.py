@@ -50,8 +50,12 @@ class Sampler:
         scaled = _top_k(scaled, [params[i].top_k for i in rows])
         scaled = _top_p(scaled, [params[i].top_p for i in rows])
         vocab = logits.shape[-1]
-        u = torch.stack([torch.rand(vocab, generator=self._generator(request_ids[i], params[i]),
-                                    device=dev) for i in rows])  # fmt: skip
+        u = torch.stack(
+            [
+                torch.rand(vocab, generator=self._generator(request_ids[i], params[i]), device=dev)
+                for i in rows
+            ]
+        )
         gumbel = -torch.log(-torch.log(u.clamp_(min=1e-20)))
         out[rows] = (scaled + gumbel).argmax(dim=-1)
         return out.tolist()

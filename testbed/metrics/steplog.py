@@ -77,9 +77,18 @@ class StepLog:
 
     def add_result(self, replica: int, res) -> None:
         """A row from an engine step's ``StepResult``."""
-        self.add(replica, res.start_s, res.latency_s, res.num_reqs, res.num_prefill_tokens,
-                 res.num_decode_tokens, res.kv_usage, res.num_waiting, res.num_running,
-                 res.num_preempted)  # fmt: skip
+        self.add(
+            replica,
+            res.start_s,
+            res.latency_s,
+            res.num_reqs,
+            res.num_prefill_tokens,
+            res.num_decode_tokens,
+            res.kv_usage,
+            res.num_waiting,
+            res.num_running,
+            res.num_preempted,
+        )
 
     def _run(self, n, replica, reqs, prefill, decode, waiting, running, preempted) -> None:
         i = self._ints

@@ -27,8 +27,15 @@ def main() -> None:
     ap.add_argument("--out", default="profiles")
     args = ap.parse_args()
     engine = EngineArgs(model=args.model, device=args.device, num_kv_blocks=args.num_kv_blocks)
-    path = run_profile(engine, GRIDS[args.grid], args.repeats, args.warmup, args.out,
-                       args.hardware, replay_requests=args.replay_requests)  # fmt: skip
+    path = run_profile(
+        engine,
+        GRIDS[args.grid],
+        args.repeats,
+        args.warmup,
+        args.out,
+        args.hardware,
+        replay_requests=args.replay_requests,
+    )
     print(f"wrote {path}")
 
 

@@ -125,9 +125,17 @@ def measure_point(
         sched.update_from_output(so, result, clock())
         t3 = time.perf_counter()
         if k >= warmup:
-            rows.append(dict(features=step_features(so), total=t3 - t0, schedule=t1 - t0,
-                             execute=t2 - t1, update=t3 - t2, attention=timed_backend.seconds,
-                             **executor.last_timings))  # fmt: skip
+            rows.append(
+                dict(
+                    features=step_features(so),
+                    total=t3 - t0,
+                    schedule=t1 - t0,
+                    execute=t2 - t1,
+                    update=t3 - t2,
+                    attention=timed_backend.seconds,
+                    **executor.last_timings,
+                )
+            )
     executor.backend = timed_backend.backend
     for r in decodes:
         engine.abort_request(r.request_id)
@@ -147,14 +155,27 @@ def summarize_point(point: Point, rows: list[dict]) -> dict:
 
     forward = part("forward")
     return dict(
-        kind="step", grid="point", decode_batch=point.decode_batch, context=point.context,
-        prefill_tokens=point.prefill_tokens, num_reqs=reqs, num_tokens=tokens,
-        attn_pairs=pairs, kv_tokens=kv, latency_s=med(totals), latency_min_s=min(totals),
-        latency_max_s=max(totals), repeats=len(rows), schedule_s=part("schedule"),
-        prepare_s=part("prepare"), forward_s=forward, attention_s=part("attention"),
-        linear_s=max(0.0, forward - part("attention")), sample_s=part("sample"),
+        kind="step",
+        grid="point",
+        decode_batch=point.decode_batch,
+        context=point.context,
+        prefill_tokens=point.prefill_tokens,
+        num_reqs=reqs,
+        num_tokens=tokens,
+        attn_pairs=pairs,
+        kv_tokens=kv,
+        latency_s=med(totals),
+        latency_min_s=min(totals),
+        latency_max_s=max(totals),
+        repeats=len(rows),
+        schedule_s=part("schedule"),
+        prepare_s=part("prepare"),
+        forward_s=forward,
+        attention_s=part("attention"),
+        linear_s=max(0.0, forward - part("attention")),
+        sample_s=part("sample"),
         update_s=part("update"),
-    )  # fmt: skip
+    )
 
 
 def measure_replay(engine, num_requests: int, vocab: int, seed: int = 1234) -> list[dict]:
@@ -167,11 +188,13 @@ def measure_replay(engine, num_requests: int, vocab: int, seed: int = 1234) -> l
 
     # Longer prompts than the default trace, so that contexts reach the model's
     # length; a different seed and shape from any workload it is evaluated on.
-    trace = synthetic_trace(num_requests=num_requests, rate=2.5, seed=seed,
-                            prompt={"dist": "lognormal", "mean": 768, "cv": 0.8, "min": 16,
-                                    "max": 1800},
-                            output={"dist": "lognormal", "mean": 192, "cv": 1.0, "min": 1,
-                                    "max": 240})  # fmt: skip
+    trace = synthetic_trace(
+        num_requests=num_requests,
+        rate=2.5,
+        seed=seed,
+        prompt={"dist": "lognormal", "mean": 768, "cv": 0.8, "min": 16, "max": 1800},
+        output={"dist": "lognormal", "mean": 192, "cv": 1.0, "min": 1, "max": 240},
+    )
     requests = to_requests(trace, with_tokens=True, vocab_size=vocab, seed=seed)
     for r in requests:
         r.request_id = f"calibration-{r.request_id}"
@@ -182,10 +205,21 @@ def measure_replay(engine, num_requests: int, vocab: int, seed: int = 1234) -> l
         if not so.requests:
             return
         reqs, tokens, pairs, kv = step_features(so)
-        rows.append(dict(kind="step", grid="replay", decode_batch=so.num_decode_tokens,
-                         context=0, prefill_tokens=so.num_prefill_tokens, num_reqs=reqs,
-                         num_tokens=tokens, attn_pairs=pairs, kv_tokens=kv,
-                         latency_s=res.latency_s, repeats=1))  # fmt: skip
+        rows.append(
+            dict(
+                kind="step",
+                grid="replay",
+                decode_batch=so.num_decode_tokens,
+                context=0,
+                prefill_tokens=so.num_prefill_tokens,
+                num_reqs=reqs,
+                num_tokens=tokens,
+                attn_pairs=pairs,
+                kv_tokens=kv,
+                latency_s=res.latency_s,
+                repeats=1,
+            )
+        )
 
     replay(engine, requests, on_step=record)
     return rows
@@ -234,7 +268,8 @@ def run_profile(
     rows += measure_replay(engine, replay_requests, cfg.vocab_size)
     device = executor.device
     header = {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda"
+        "device": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
         else f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads",
         "hardware": hardware,
         "model": name,
@@ -242,7 +277,8 @@ def run_profile(
         "tensor_parallel": 1,
         "block_size": args.block_size,
         "attention_backend": type(executor.backend).__name__
-        if not hasattr(executor.backend, "__name__") else executor.backend.__name__,
+        if not hasattr(executor.backend, "__name__")
+        else executor.backend.__name__,
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "host": platform.node(),
         "python": platform.python_version(),
@@ -251,7 +287,7 @@ def run_profile(
         "warmup": warmup,
         "sampling": ", ".join(f"{k}={v}" for k, v in SAMPLING.items()),
         "measured_by": "testbed.profiling (python run.py mode=profile)",
-    }  # fmt: skip
+    }
     path = Path(out_dir) / hardware / f"{name}.csv"
     write_profile(path, header, pd.DataFrame(rows))
     return path

@@ -171,8 +171,10 @@ def profile_basis(num_reqs, num_tokens, attn_pairs, kv_tokens) -> list:
         ramps = [min(num_reqs, k) for k in KNOTS]
     hinge = np.maximum if isinstance(kv_tokens, np.ndarray) else max
     kv_hinges = [hinge(kv_tokens - k, 0) for k in KV_KNOTS]
-    pair_hinges = [(np.maximum if isinstance(attn_pairs, np.ndarray) else max)(attn_pairs - k, 0)
-                   for k in PAIR_KNOTS]  # fmt: skip
+    pair_hinges = [
+        (np.maximum if isinstance(attn_pairs, np.ndarray) else max)(attn_pairs - k, 0)
+        for k in PAIR_KNOTS
+    ]
     return [1.0, num_reqs, *ramps, num_tokens, attn_pairs, *pair_hinges, kv_tokens, *kv_hinges]
 
 
@@ -220,15 +222,17 @@ class ProfileModel:
 
     def predict(self, num_reqs: int, num_tokens: int, attn_pairs: float, kv_tokens: int) -> float:
         total = 0.0
-        for c, b in zip(self._coef, profile_basis(num_reqs, num_tokens, attn_pairs, kv_tokens),
-                        strict=True):  # fmt: skip
+        for c, b in zip(
+            self._coef, profile_basis(num_reqs, num_tokens, attn_pairs, kv_tokens), strict=True
+        ):
             total = total + c * b
         return total
 
     def predict_many(self, num_reqs, num_tokens, attn_pairs, kv_tokens):
         total = 0.0
-        for c, b in zip(self._coef, profile_basis(num_reqs, num_tokens, attn_pairs, kv_tokens),
-                        strict=True):  # fmt: skip
+        for c, b in zip(
+            self._coef, profile_basis(num_reqs, num_tokens, attn_pairs, kv_tokens), strict=True
+        ):
             total = total + c * b
         return total
 

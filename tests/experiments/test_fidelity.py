@@ -13,8 +13,13 @@ import json
 from experiments.fidelity import compare
 from tests.sim.test_runs import compose_cfg, run_from_config
 
-SHORT = ["trace.num_requests=40", "trace.rate=4", "logging=disabled", "progress=false",
-         "plots=false"]  # fmt: skip
+SHORT = [
+    "trace.num_requests=40",
+    "trace.rate=4",
+    "logging=disabled",
+    "progress=false",
+    "plots=false",
+]
 
 
 def test_sim_predicts_the_real_engine_on_a_short_trace(tmp_path):
