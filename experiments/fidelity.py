@@ -11,7 +11,8 @@ the per-request correlation of E2E. It writes the table (CSV, JSON), plots
 Each trace is scaled to ``--load`` (default 70%) of the engine's capacity: the
 highest rate it sustains, which the simulator finds first by bisection. With
 ``--noise`` the first real run is repeated, and the difference between the two
-real runs (the machine's own noise floor) is reported beside the errors.
+real runs (the machine's own noise floor) is reported beside the errors; with
+``--profile-first`` the simulator uses a profile measured just before the runs.
 
     python experiments/fidelity.py --policies fcfs sjf priority vtc \\
         --traces azure_conv mooncake_conv:prompt_scale=0.0625 --num-requests 200
@@ -132,10 +133,20 @@ def main() -> None:
     ap.add_argument("--extra", nargs="*", default=[], help="more Hydra overrides for both modes")
     ap.add_argument("--wandb", default="offline", choices=["offline", "online", "disabled"])
     ap.add_argument("--noise", action="store_true", help="repeat the first real run")
+    ap.add_argument(
+        "--profile-first",
+        action="store_true",
+        help="measure a fresh profile into the runs folder first and simulate "
+        "with it (on a machine whose speed drifts, calibrate just before)",
+    )
     args = ap.parse_args()
     out, runs = Path(args.out), Path(args.runs) / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     quiet = ["logging=disabled", "progress=false", "plots=false"]
+    if args.profile_first:
+        profiles = runs / "profiles"
+        run_from_config(compose_cfg(["mode=profile", f"profiles_dir={profiles}", *args.extra]))
+        quiet.append(f"profiles_dir={profiles}")
     rows, pairs = [], []
     for spec in args.traces:
         # "name" or "name:option=value,option=value" (trace options for that trace only)
