@@ -5,7 +5,9 @@ hardware and model: the measured profile where one exists) and ``mode=real``
 (the real engine on the wall clock), joins the two ``requests.csv`` on the
 request id, and reports the relative error of the simulation (sim / real - 1)
 on throughput and on the mean, p50, p90 and p99 of TTFT, TPOT and E2E, plus
-the per-request correlation of E2E. It writes the table (CSV, JSON), plots
+the per-request correlation of E2E. It also predicts every step the real run
+measured from that step's composition (``step_err_*``): the latency model's own
+error, apart from any difference in schedule. It writes the table (CSV, JSON), plots
 (CDF overlays and a sim-vs-real scatter of E2E per request) and logs both to W&B.
 
 Each trace is scaled to ``--load`` (default 70%) of the engine's capacity: the
@@ -38,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from hydra import compose, initialize_config_dir  # noqa: E402
 
-from testbed.runner import run_from_config  # noqa: E402
+from testbed.runner import latency_model, run_from_config  # noqa: E402
 
 STATS = ("mean", "p50", "p90", "p99")
 LATENCIES = ("ttft_s", "tpot_s", "e2e_s")
@@ -86,6 +88,31 @@ def compare(sim_dir: Path, real_dir: Path) -> dict:
     both = rs[["e2e_s"]].join(rr[["e2e_s"]], suffixes=("_sim", "_real")).dropna()
     row["e2e_corr"] = float(np.corrcoef(both["e2e_s_sim"], both["e2e_s_real"])[0, 1])
     row["joined_requests"] = len(both)
+    return row
+
+
+def step_errors(real_dir: Path, model) -> dict:
+    """The latency model against the real run's own steps: each measured step's
+    composition predicted (sim / real - 1), free of any difference in schedule.
+    ``total``: the summed busy time; ``median``: the typical step; split into
+    steps with a prefill chunk and plain decode steps."""
+    steps = pd.read_csv(real_dir / "steps.csv")
+    steps = steps[steps["num_reqs"] > 0]
+    pred = model.predict_many(
+        steps["num_reqs"].to_numpy(float),
+        (steps["num_prefill_tokens"] + steps["num_decode_tokens"]).to_numpy(float),
+        steps["attn_pairs"].to_numpy(float),
+        steps["kv_tokens"].to_numpy(float),
+    )
+    real = steps["latency_s"].to_numpy(float)
+    row = {
+        "step_err_total": float(pred.sum() / real.sum() - 1),
+        "step_err_median": float(np.median(pred / real) - 1),
+    }
+    prefill = steps["num_prefill_tokens"].to_numpy() > 0
+    for name, mask in (("prefill", prefill), ("decode", ~prefill)):
+        if mask.any():
+            row[f"step_err_{name}_total"] = float(pred[mask].sum() / real[mask].sum() - 1)
     return row
 
 
@@ -189,19 +216,23 @@ def main() -> None:
                         **noise,
                     )
                 )
+            sim_cfg = compose_cfg([*common, "mode=sim", f"policy={policy}"])
             row = dict(
                 trace=trace,
                 policy=policy,
                 rate_req_s=rate,
                 capacity_req_s=cap,
                 **compare(dirs["sim"], dirs["real"]),
+                **step_errors(dirs["real"], latency_model(sim_cfg)),
             )
             rows.append(row)
             pairs.append((f"{trace}/{policy}", dirs["sim"], dirs["real"]))
             print(
                 f"  {policy}: throughput {row['err_throughput_req_s']:+.1%}, "
                 f"TPOT mean {row['err_tpot_s_mean']:+.1%}, E2E mean {row['err_e2e_s_mean']:+.1%}, "
-                f"TTFT p50 {row['err_ttft_s_p50']:+.1%}, E2E corr {row['e2e_corr']:.3f}"
+                f"TTFT p50 {row['err_ttft_s_p50']:+.1%}, E2E corr {row['e2e_corr']:.3f}; "
+                f"real steps predicted {row['step_err_total']:+.1%} (busy time), "
+                f"{row['step_err_median']:+.1%} (median step)"
             )
     table = pd.DataFrame(rows)
     table.to_csv(out / "fidelity.csv", index=False, float_format="%.6g")
@@ -225,6 +256,7 @@ def main() -> None:
                 "err_e2e_s_mean",
                 "err_ttft_s_p50",
                 "e2e_corr",
+                "step_err_total",
             ]
         ].to_string(index=False)
     )

@@ -97,14 +97,22 @@ class Progress:
             self.bar.close()
 
 
+def latency_model(cfg: DictConfig, spec: ModelSpec | None = None):
+    """The simulator's latency model for this config: the profile of its hardware
+    and model where one exists, else the roofline model."""
+    spec = spec or model_spec(cfg.model)
+    hw = HardwareSpec(**{k: v for k, v in cfg.hardware.items() if k != "kv_cache_bytes"})
+    profiles = Path(cfg.profiles_dir)
+    return make_latency_model(
+        spec, hw, cfg.model.dtype, profiles if profiles.is_absolute() else PROJECT_ROOT / profiles
+    )
+
+
 def simulate(cfg: DictConfig, requests, spec: ModelSpec) -> tuple[Any, dict[str, Any]]:
     hw = HardwareSpec(**{k: v for k, v in cfg.hardware.items() if k != "kv_cache_bytes"})
     engine = cfg.engine
     dtype = cfg.model.dtype
-    profiles = Path(cfg.profiles_dir)
-    latency = make_latency_model(
-        spec, hw, dtype, profiles if profiles.is_absolute() else PROJECT_ROOT / profiles
-    )
+    latency = latency_model(cfg, spec)
     blocks = kv_blocks(engine, spec, hw, dtype, cfg.hardware.get("kv_cache_bytes"))
     max_len = engine.max_model_len or spec.max_position_embeddings
     policy_cfg = OmegaConf.to_container(cfg.policy, resolve=True)

@@ -49,6 +49,8 @@ class StepResult:
     kv_usage: float
     num_waiting: int
     num_running: int
+    kv_tokens: int = 0  # K/V entries the step's attention reads (SchedulerOutput.features)
+    attn_pairs: float = 0.0  # (query, key) pairs it computes
     finished: list[Request] = field(default_factory=list)
     scheduler_output: SchedulerOutput | None = None
 
@@ -107,6 +109,7 @@ class EngineCore:
         sched = self.scheduler
         start = self.clock()
         out = sched.schedule(start)
+        _, _, pairs, kv = out.features()  # before the update moves computed counts
         kv_usage = sched.kv.usage  # what the step holds, before finished requests free
         measured = False
         if out.requests or out.kv_loads or sched.loading:
@@ -135,6 +138,8 @@ class EngineCore:
             kv_usage=kv_usage,
             num_waiting=len(sched.waiting),
             num_running=len(sched.running),
+            kv_tokens=kv,
+            attn_pairs=pairs,
             finished=finished,
             scheduler_output=out,
         )

@@ -1,7 +1,7 @@
 """Per-step records (``steps.csv``), kept compact: a day of simulated steps is
 millions of rows.
 
-Times, latencies and KV usage are stored per step. The integer columns are
+Times, latencies, KV usage and attention work are stored per step. The integer columns are
 stored run-length encoded: a simulator jump over many plain decode steps is one
 run, so logging it costs the same as logging one step.
 """
@@ -12,7 +12,7 @@ from array import array
 
 import numpy as np
 
-FLOAT_COLUMNS = ("start_s", "latency_s", "kv_usage")
+FLOAT_COLUMNS = ("start_s", "latency_s", "kv_usage", "kv_tokens", "attn_pairs")
 INT_COLUMNS = (
     "replica",
     "num_reqs",
@@ -33,6 +33,8 @@ ORDER = (
     "num_waiting",
     "num_running",
     "num_preempted",
+    "kv_tokens",
+    "attn_pairs",
 )
 
 
@@ -59,11 +61,15 @@ class StepLog:
         num_waiting: int,
         num_running: int,
         num_preempted: int,
+        kv_tokens: float = 0.0,
+        attn_pairs: float = 0.0,
     ) -> None:
         f = self._floats
         f["start_s"].append(start_s)
         f["latency_s"].append(latency_s)
         f["kv_usage"].append(kv_usage)
+        f["kv_tokens"].append(kv_tokens)
+        f["attn_pairs"].append(attn_pairs)
         self._run(
             1,
             replica,
@@ -88,6 +94,8 @@ class StepLog:
             res.num_waiting,
             res.num_running,
             res.num_preempted,
+            res.kv_tokens,
+            res.attn_pairs,
         )
 
     def _run(self, n, replica, reqs, prefill, decode, waiting, running, preempted) -> None:
@@ -110,6 +118,7 @@ class StepLog:
         kv_usages: np.ndarray,
         num_waiting: int,
         num_running_after: int,
+        kv_tokens: np.ndarray,
     ) -> None:
         """Rows for plain decode steps applied at once (the simulator's fast path);
         the per-step columns come as float64 arrays. Requests may finish in the
@@ -119,6 +128,9 @@ class StepLog:
         f["start_s"].frombytes(starts.tobytes())
         f["latency_s"].frombytes(latencies.tobytes())
         f["kv_usage"].frombytes(kv_usages.tobytes())
+        kv = kv_tokens.astype(np.float64).tobytes()
+        f["kv_tokens"].frombytes(kv)
+        f["attn_pairs"].frombytes(kv)  # one query per request: a pair per K/V entry
         if num_running_after == num_reqs:
             self._run(k, replica, num_reqs, 0, num_reqs, num_waiting, num_reqs, 0)
             return

@@ -32,13 +32,7 @@ from testbed.models import DTYPE_BYTES, ModelSpec
 
 def step_features(so: SchedulerOutput) -> tuple[int, int, float, int]:
     """``(num_reqs, num_tokens, attn_pairs, kv_tokens)`` of a scheduled step."""
-    pairs = 0.0
-    kv = 0
-    for req, n in zip(so.requests, so.num_scheduled_tokens, strict=True):
-        ctx = req.num_computed_tokens - n
-        pairs += n * (ctx + (n + 1) / 2)
-        kv += ctx + n
-    return len(so.requests), so.total_num_scheduled_tokens, pairs, kv
+    return so.features()
 
 
 def decode_latencies(model: LatencyModel, num_reqs: int, context_tokens: int, k: int):
@@ -121,7 +115,7 @@ class RooflineModel:
         return hw.step_overhead_s + hw.request_overhead_s * num_reqs + linear + attention
 
     def predict_many(self, num_reqs, num_tokens, attn_pairs, kv_tokens):
-        linear = max(num_tokens * self._s_per_token_flops, self._s_weights)
+        linear = np.maximum(num_tokens * self._s_per_token_flops, self._s_weights)
         attention = np.maximum(attn_pairs * self._s_per_pair, kv_tokens * self._s_per_kv_token)
         hw = self.hw
         return hw.step_overhead_s + hw.request_overhead_s * num_reqs + linear + attention

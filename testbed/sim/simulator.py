@@ -140,6 +140,7 @@ class Replica:
             np.asarray(used, dtype=np.float64) / sched.kv.num_blocks,
             len(sched.waiting),
             n - len(finished),
+            ctx + n * np.arange(1, m + 1, dtype=np.int64),  # what decode_latencies read
         )
         self.sim.num_jumps += 1
         self.sim.num_jumped_steps += m
