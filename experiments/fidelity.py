@@ -16,6 +16,14 @@ highest rate it sustains, which the simulator finds first by bisection. With
 real runs (the machine's own noise floor) is reported beside the errors; with
 ``--profile-first`` the simulator uses a profile measured just before the runs.
 
+With ``--speed-probe`` the machine's speed is measured (a few seconds of fixed
+steps, ``testbed.profiling.profiler.speed_probe``) right before and after each
+real run and compared with the same probe recorded in the profile; each pair
+is then also simulated with every step scaled by that ratio, and both errors
+are reported: as profiled (``err_*``) and speed-corrected (``cor_err_*``). On a
+shared VM whose speed drifts by 10% over minutes, the second separates the
+latency model's error from the machine's drift.
+
     python experiments/fidelity.py --policies fcfs sjf priority vtc \\
         --traces azure_conv mooncake_conv:prompt_scale=0.0625 --num-requests 200
 
@@ -40,7 +48,8 @@ sys.path.insert(0, str(ROOT))
 
 from hydra import compose, initialize_config_dir  # noqa: E402
 
-from testbed.runner import latency_model, run_from_config  # noqa: E402
+from testbed.profiling.profiler import probe_engine, speed_probe  # noqa: E402
+from testbed.runner import engine_args, latency_model, real_model, run_from_config  # noqa: E402
 
 STATS = ("mean", "p50", "p90", "p99")
 LATENCIES = ("ttft_s", "tpot_s", "e2e_s")
@@ -116,6 +125,18 @@ def step_errors(real_dir: Path, model) -> dict:
     return row
 
 
+def profile_probe(cfg) -> float:
+    """The speed probe recorded in the profile the simulator uses."""
+    model = latency_model(cfg)
+    value = getattr(model, "header", {}).get("speed_probe_s")
+    if value is None:
+        raise SystemExit(
+            f"--speed-probe: the simulator's latency model ({model.source}) records no "
+            "speed probe; profile again (python run.py mode=profile) or use --profile-first"
+        )
+    return float(value.split()[0])
+
+
 def plot(pairs: list[tuple[str, Path, Path]], path: Path) -> None:
     import matplotlib
 
@@ -161,6 +182,12 @@ def main() -> None:
     ap.add_argument("--wandb", default="offline", choices=["offline", "online", "disabled"])
     ap.add_argument("--noise", action="store_true", help="repeat the first real run")
     ap.add_argument(
+        "--speed-probe",
+        action="store_true",
+        help="probe the machine's speed around each real run and also simulate "
+        "each pair scaled by its ratio to the profile's probe",
+    )
+    ap.add_argument(
         "--profile-first",
         action="store_true",
         help="measure a fresh profile into the runs folder first and simulate "
@@ -174,6 +201,13 @@ def main() -> None:
         profiles = runs / "profiles"
         run_from_config(compose_cfg(["mode=profile", f"profiles_dir={profiles}", *args.extra]))
         quiet.append(f"profiles_dir={profiles}")
+    if args.speed_probe:
+        base = compose_cfg([*quiet, *args.extra])
+        probe_setup = probe_engine(engine_args(base), model=real_model(base))
+
+        def probe() -> float:
+            return speed_probe(*probe_setup)
+
     rows, pairs = [], []
     for spec in args.traces:
         # "name" or "name:option=value,option=value" (trace options for that trace only)
@@ -191,14 +225,31 @@ def main() -> None:
         rate = round(args.load * cap, 3)
         print(f"{trace}: capacity {cap:.3f} req/s in simulation; replaying at {rate} req/s")
         for policy in args.policies:
-            dirs = {}
-            for mode in ("sim", "real"):
-                dirs[mode] = runs / trace / f"{policy}-{mode}"
+            sim_cfg = compose_cfg([*common, "mode=sim", f"policy={policy}", f"trace.rate={rate}"])
+            dirs = {"sim": runs / trace / f"{policy}-sim", "real": runs / trace / f"{policy}-real"}
+            probes = [probe()] if args.speed_probe else []
+            run_from_config(
+                compose_cfg([*common, "mode=real", f"policy={policy}", f"trace.rate={rate}"]),
+                dirs["real"],
+            )
+            probes += [probe()] if args.speed_probe else []
+            run_from_config(sim_cfg, dirs["sim"])
+            speed = {}
+            if probes:
+                factor = float(np.mean(probes)) / profile_probe(sim_cfg)
+                speed = dict(probe_before_s=probes[0], probe_after_s=probes[1], speed_factor=factor)
+                dirs["sim_corrected"] = runs / trace / f"{policy}-sim-corrected"
                 run_from_config(
                     compose_cfg(
-                        [*common, f"mode={mode}", f"policy={policy}", f"trace.rate={rate}"]
+                        [
+                            *common,
+                            "mode=sim",
+                            f"policy={policy}",
+                            f"trace.rate={rate}",
+                            f"mode.latency_scale={factor:.6f}",
+                        ]
                     ),
-                    dirs[mode],
+                    dirs["sim_corrected"],
                 )
             if args.noise and not rows:
                 again = runs / trace / f"{policy}-real-again"
@@ -216,7 +267,6 @@ def main() -> None:
                         **noise,
                     )
                 )
-            sim_cfg = compose_cfg([*common, "mode=sim", f"policy={policy}"])
             row = dict(
                 trace=trace,
                 policy=policy,
@@ -224,7 +274,11 @@ def main() -> None:
                 capacity_req_s=cap,
                 **compare(dirs["sim"], dirs["real"]),
                 **step_errors(dirs["real"], latency_model(sim_cfg)),
+                **speed,
             )
+            if probes:
+                corrected = compare(dirs["sim_corrected"], dirs["real"])
+                row.update({f"cor_{k}": v for k, v in corrected.items() if k.startswith("err_")})
             rows.append(row)
             pairs.append((f"{trace}/{policy}", dirs["sim"], dirs["real"]))
             print(
@@ -234,6 +288,13 @@ def main() -> None:
                 f"real steps predicted {row['step_err_total']:+.1%} (busy time), "
                 f"{row['step_err_median']:+.1%} (median step)"
             )
+            if probes:
+                print(
+                    f"    machine {row['speed_factor']:.3f}x its profiled step time; corrected: "
+                    f"TPOT mean {row['cor_err_tpot_s_mean']:+.1%}, "
+                    f"E2E mean {row['cor_err_e2e_s_mean']:+.1%}, "
+                    f"TTFT p50 {row['cor_err_ttft_s_p50']:+.1%}"
+                )
     table = pd.DataFrame(rows)
     table.to_csv(out / "fidelity.csv", index=False, float_format="%.6g")
     meta = dict(

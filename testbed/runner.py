@@ -21,6 +21,7 @@ from testbed.metrics.summary import requests_frame, summarize
 from testbed.models import ModelSpec, num_kv_blocks
 from testbed.report.rundir import write_metrics, write_plots, write_tables
 from testbed.sim import HardwareSpec, SimExecutor, Simulation, make_latency_model
+from testbed.sim.latency import ScaledModel
 from testbed.workload import to_requests
 from traces import load_trace
 
@@ -103,9 +104,11 @@ def latency_model(cfg: DictConfig, spec: ModelSpec | None = None):
     spec = spec or model_spec(cfg.model)
     hw = HardwareSpec(**{k: v for k, v in cfg.hardware.items() if k != "kv_cache_bytes"})
     profiles = Path(cfg.profiles_dir)
-    return make_latency_model(
+    model = make_latency_model(
         spec, hw, cfg.model.dtype, profiles if profiles.is_absolute() else PROJECT_ROOT / profiles
     )
+    scale = cfg.mode.get("latency_scale", 1.0)
+    return model if scale == 1.0 else ScaledModel(model, scale)
 
 
 def simulate(cfg: DictConfig, requests, spec: ModelSpec) -> tuple[Any, dict[str, Any]]:
@@ -147,6 +150,7 @@ def simulate(cfg: DictConfig, requests, spec: ModelSpec) -> tuple[Any, dict[str,
     extra = {
         "latency_model": latency.kind,
         "latency_model_source": latency.source,
+        "latency_scale": getattr(latency, "scale", 1.0),
         "num_kv_blocks": blocks,
         "prefix_cache_hit_rate": hits / queries if queries else 0.0,
         "sim_wall_s": result.wall_s,

@@ -222,6 +222,47 @@ def measure_replay(engine, num_requests: int, vocab: int, seed: int = 1234) -> l
     return rows
 
 
+# A fixed handful of steps whose summed median latency tracks the machine's speed
+# (see speed_probe): one decode, a small and a larger decode batch, one prefill.
+PROBE = [(1, 256, 0), (4, 512, 0), (16, 512, 0), (0, 0, 512)]
+
+
+def speed_probe(engine, executor, vocab: int, repeats: int = 15, warmup: int = 3) -> float:
+    """Seconds the :data:`PROBE` steps take together (each its median), a few
+    seconds' measurement. The profile records it as it is measured; measured again
+    before a run on a machine whose speed drifts (a shared VM's), the ratio says
+    how much slower or faster the machine is now than when it was profiled."""
+    return sum(
+        measure_point(engine, executor, Point(*g), repeats, warmup, vocab, 1000 + i)["latency_s"]
+        for i, g in enumerate(PROBE)
+    )
+
+
+def probe_engine(args: EngineArgs, model=None):
+    """An engine set up as the profiler's, for :func:`speed_probe` alone."""
+    fit_args(args, [Point(*g) for g in PROBE], 15, 3)
+    engine, executor, cfg = build_engine(args, model=model)
+    return engine, executor, cfg.vocab_size
+
+
+def fit_args(args: EngineArgs, points: list[Point], repeats: int, warmup: int) -> None:
+    """Engine options under which every point runs as measured: no prefix caching,
+    a token budget for the largest decode batch plus a prefill, a context long
+    enough for every point and a KV cache that holds any point at once (no
+    preemption while timing)."""
+    batch_tokens = max(p.decode_batch * p.context for p in points)
+    longest = max(p.context + p.prefill_tokens for p in points) + repeats + warmup + 16
+    longest += -(-batch_tokens // PREFILL_BUDGET)  # the decoders' output lengths
+    batch = max(p.decode_batch for p in points) + 1
+    args.enable_prefix_caching = False
+    args.max_num_seqs = max(args.max_num_seqs, batch)
+    args.max_num_batched_tokens = batch + PREFILL_BUDGET
+    args.max_model_len = max(args.max_model_len or 0, longest)
+    bs = args.block_size
+    need = max(p.decode_batch * -(-longest // bs) for p in points)
+    args.num_kv_blocks = max(args.num_kv_blocks or 0, need + -(-longest // bs) + 16)
+
+
 def run_profile(
     args: EngineArgs,
     grid: Iterable[tuple[int, int, int]],
@@ -236,21 +277,11 @@ def run_profile(
     """Measure every grid point, then every step of a short synthetic replay, and
     write ``<out_dir>/<hardware>/<model>.csv``."""
     points = [Point(*g) for g in grid]
-    batch_tokens = max(p.decode_batch * p.context for p in points)
-    longest = max(p.context + p.prefill_tokens for p in points) + repeats + warmup + 16
-    longest += -(-batch_tokens // PREFILL_BUDGET)  # the decoders' output lengths
-    batch = max(p.decode_batch for p in points) + 1
-    args.enable_prefix_caching = False
-    args.max_num_seqs = max(args.max_num_seqs, batch)
-    args.max_num_batched_tokens = batch + PREFILL_BUDGET
-    args.max_model_len = max(args.max_model_len or 0, longest)
-    # A cache that holds every grid point at once (no preemption while timing).
-    bs = args.block_size
-    need = max(p.decode_batch * -(-(p.context + longest - p.context) // bs) for p in points)
-    args.num_kv_blocks = max(args.num_kv_blocks or 0, need + -(-longest // bs) + 16)
+    fit_args(args, points + [Point(*g) for g in PROBE], repeats, warmup)
     engine, executor, cfg = build_engine(args, model=model)
     executor.record_timings = True
     name = model_name or Path(args.model).name
+    probes = [speed_probe(engine, executor, cfg.vocab_size)]
     rows = []
     for i, point in enumerate(points):
         rows.append(measure_point(engine, executor, point, repeats, warmup, cfg.vocab_size, i))
@@ -267,6 +298,7 @@ def run_profile(
     replay_engine, _, _ = build_engine(args, model=model)
     rows += measure_replay(replay_engine, replay_requests, cfg.vocab_size)
     del replay_engine
+    probes.append(speed_probe(engine, executor, cfg.vocab_size))
     device = executor.device
     header = {
         "device": torch.cuda.get_device_name(device)
@@ -287,6 +319,9 @@ def run_profile(
         "repeats": repeats,
         "warmup": warmup,
         "sampling": ", ".join(f"{k}={v}" for k, v in SAMPLING.items()),
+        # The machine's speed while it was measured (see speed_probe): before the
+        # grid and after the replay, and their mean.
+        "speed_probe_s": f"{statistics.fmean(probes):.6g} ({probes[0]:.6g}, {probes[1]:.6g})",
         "measured_by": "testbed.profiling (python run.py mode=profile)",
     }
     path = Path(out_dir) / hardware / f"{name}.csv"

@@ -20,6 +20,7 @@ def test_real_run_writes_the_simulators_run_directory(tmp_path):
         "sim_requests_per_wall_s",
         "num_jumps",
         "num_jumped_steps",
+        "latency_scale",
     }
     for f in ("requests.csv", "steps.csv"):
         a, b = pd.read_csv(tmp_path / "real" / f), pd.read_csv(tmp_path / "sim" / f)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 
-from experiments.fidelity import compare
+from experiments.fidelity import compare, step_errors
+from testbed.runner import latency_model
 from tests.sim.test_runs import compose_cfg, run_from_config
 
 SHORT = [
@@ -32,3 +33,7 @@ def test_sim_predicts_the_real_engine_on_a_short_trace(tmp_path):
     assert abs(err["err_tpot_s_mean"]) < 0.35, err
     assert abs(err["err_e2e_s_mean"]) < 0.35, err
     assert err["e2e_corr"] > 0.9, err
+    # The latency model on the real run's own steps, apart from the schedule.
+    steps = step_errors(tmp_path / "real", latency_model(compose_cfg("mode=sim", *SHORT)))
+    assert abs(steps["step_err_total"]) < 0.35, steps
+    assert set(steps) >= {"step_err_median", "step_err_decode_total"}, steps

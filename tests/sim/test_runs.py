@@ -209,3 +209,41 @@ def test_a_failing_run_still_writes_what_it_measured(tmp_path):
     assert saved["partial"] is True and "boom" in saved["stop_reason"]
     assert 0 < saved["num_finished"] < 60
     assert len(pd.read_csv(tmp_path / "run" / "requests.csv")) == 60
+
+
+def test_steps_record_each_steps_kv_tokens_and_attention_pairs(tmp_path):
+    """One request alone: its prefill chunks, then one decode per output token,
+    each reading every cached token plus its own (fast path included)."""
+    run(
+        tmp_path,
+        "trace.num_requests=1",
+        "trace.prompt.min=300",
+        "trace.prompt.max=300",
+        "trace.output.min=20",
+        "trace.output.max=20",
+        "engine.max_num_batched_tokens=128",
+    )
+    steps = pd.read_csv(tmp_path / "run" / "steps.csv")
+    prefill = steps[steps["num_prefill_tokens"] > 0]
+    assert list(prefill["kv_tokens"]) == [128, 256, 300]
+    # A chunk of n after c cached tokens computes n * (c + (n + 1) / 2) pairs.
+    assert list(prefill["attn_pairs"]) == [128 * 64.5, 128 * (128 + 64.5), 44 * (256 + 22.5)]
+    decode = steps[steps["num_prefill_tokens"] == 0]
+    assert list(decode["kv_tokens"]) == list(range(301, 301 + 19))
+    assert (decode["attn_pairs"] == decode["kv_tokens"]).all()
+
+
+def test_latency_scale_stretches_every_simulated_step(tmp_path):
+    one = ["trace.num_requests=1", "trace.prompt.min=300", "trace.prompt.max=300"]
+    base = run(tmp_path, *one, name="base")
+    slow = run(tmp_path, *one, "mode.latency_scale=1.5", name="slow")
+    assert base["latency_scale"] == 1.0 and slow["latency_scale"] == 1.5
+    assert "x 1.5" in slow["latency_model_source"]
+    a = pd.read_csv(tmp_path / "base" / "steps.csv")
+    b = pd.read_csv(tmp_path / "slow" / "steps.csv")
+    assert len(a) == len(b) > 2  # one request: the same steps
+    # Equal to the CSV's 9 digits.
+    assert b["latency_s"].to_numpy() == pytest.approx(1.5 * a["latency_s"].to_numpy(), rel=1e-6)
+    assert slow["e2e_s_mean"] == pytest.approx(1.5 * base["e2e_s_mean"])
+    with pytest.raises(ValueError, match="latency_scale must be positive"):
+        run(tmp_path, "trace.num_requests=3", "mode.latency_scale=0", name="bad")
