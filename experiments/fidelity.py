@@ -112,6 +112,7 @@ def step_errors(real_dir: Path, model) -> dict:
         (steps["num_prefill_tokens"] + steps["num_decode_tokens"]).to_numpy(float),
         steps["attn_pairs"].to_numpy(float),
         steps["kv_tokens"].to_numpy(float),
+        steps["max_kv"].to_numpy(float),
     )
     real = steps["latency_s"].to_numpy(float)
     row = {

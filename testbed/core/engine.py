@@ -51,6 +51,7 @@ class StepResult:
     num_running: int
     kv_tokens: int = 0  # K/V entries the step's attention reads (SchedulerOutput.features)
     attn_pairs: float = 0.0  # (query, key) pairs it computes
+    max_kv: int = 0  # the most K/V entries one request reads
     finished: list[Request] = field(default_factory=list)
     scheduler_output: SchedulerOutput | None = None
 
@@ -109,7 +110,7 @@ class EngineCore:
         sched = self.scheduler
         start = self.clock()
         out = sched.schedule(start)
-        _, _, pairs, kv = out.features()  # before the update moves computed counts
+        _, _, pairs, kv, max_kv = out.features()  # before the update moves computed counts
         kv_usage = sched.kv.usage  # what the step holds, before finished requests free
         measured = False
         if out.requests or out.kv_loads or sched.loading:
@@ -140,6 +141,7 @@ class EngineCore:
             num_running=len(sched.running),
             kv_tokens=kv,
             attn_pairs=pairs,
+            max_kv=max_kv,
             finished=finished,
             scheduler_output=out,
         )

@@ -42,7 +42,7 @@ class SchedulerOutput:
     # Disaggregated prefill/decode: requests whose first ``remote_kv_tokens``
     # tokens a KV connector should write into these blocks.
     kv_loads: list[tuple[Request, list[int]]] = field(default_factory=list)
-    _features: tuple[int, int, float, int] | None = None
+    _features: tuple[int, int, float, int, int] | None = None
 
     @property
     def num_reqs(self) -> int:
@@ -56,19 +56,28 @@ class SchedulerOutput:
         """Tokens already in the KV cache for ``requests[i]`` before this step."""
         return self.requests[i].num_computed_tokens - self.num_scheduled_tokens[i]
 
-    def features(self) -> tuple[int, int, float, int]:
-        """``(num_reqs, num_tokens, attn_pairs, kv_tokens)``: what a latency model
-        predicts a step from. ``attn_pairs`` counts (query, key) pairs of causal
-        attention; ``kv_tokens`` the K/V entries read (context plus new tokens).
+    def features(self) -> tuple[int, int, float, int, int]:
+        """``(num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv)``: what a latency
+        model predicts a step from. ``attn_pairs`` counts (query, key) pairs of causal
+        attention; ``kv_tokens`` the K/V entries read (context plus new tokens);
+        ``max_kv`` the most any one request reads (unequal contexts cost more).
         Computed once per step (a simulator's executor and the step log share it)."""
         if self._features is None:
             pairs = 0.0
-            kv = 0
+            kv = longest = 0
             for req, n in zip(self.requests, self.num_scheduled_tokens, strict=True):
                 ctx = req.num_computed_tokens - n
                 pairs += n * (ctx + (n + 1) / 2)
                 kv += ctx + n
-            self._features = (len(self.requests), self.total_num_scheduled_tokens, pairs, kv)
+                if ctx + n > longest:
+                    longest = ctx + n
+            self._features = (
+                len(self.requests),
+                self.total_num_scheduled_tokens,
+                pairs,
+                kv,
+                longest,
+            )
         return self._features
 
     def samples(self, i: int) -> bool:

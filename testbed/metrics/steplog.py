@@ -12,7 +12,7 @@ from array import array
 
 import numpy as np
 
-FLOAT_COLUMNS = ("start_s", "latency_s", "kv_usage", "kv_tokens", "attn_pairs")
+FLOAT_COLUMNS = ("start_s", "latency_s", "kv_usage", "kv_tokens", "attn_pairs", "max_kv")
 INT_COLUMNS = (
     "replica",
     "num_reqs",
@@ -35,6 +35,7 @@ ORDER = (
     "num_preempted",
     "kv_tokens",
     "attn_pairs",
+    "max_kv",
 )
 
 
@@ -63,6 +64,7 @@ class StepLog:
         num_preempted: int,
         kv_tokens: float = 0.0,
         attn_pairs: float = 0.0,
+        max_kv: float = 0.0,
     ) -> None:
         f = self._floats
         f["start_s"].append(start_s)
@@ -70,6 +72,7 @@ class StepLog:
         f["kv_usage"].append(kv_usage)
         f["kv_tokens"].append(kv_tokens)
         f["attn_pairs"].append(attn_pairs)
+        f["max_kv"].append(max_kv)
         self._run(
             1,
             replica,
@@ -96,6 +99,7 @@ class StepLog:
             res.num_preempted,
             res.kv_tokens,
             res.attn_pairs,
+            res.max_kv,
         )
 
     def _run(self, n, replica, reqs, prefill, decode, waiting, running, preempted) -> None:
@@ -119,6 +123,7 @@ class StepLog:
         num_waiting: int,
         num_running_after: int,
         kv_tokens: np.ndarray,
+        max_kv: np.ndarray,
     ) -> None:
         """Rows for plain decode steps applied at once (the simulator's fast path);
         the per-step columns come as float64 arrays. Requests may finish in the
@@ -131,6 +136,7 @@ class StepLog:
         kv = kv_tokens.astype(np.float64).tobytes()
         f["kv_tokens"].frombytes(kv)
         f["attn_pairs"].frombytes(kv)  # one query per request: a pair per K/V entry
+        f["max_kv"].frombytes(max_kv.astype(np.float64).tobytes())
         if num_running_after == num_reqs:
             self._run(k, replica, num_reqs, 0, num_reqs, num_waiting, num_reqs, 0)
             return

@@ -144,7 +144,7 @@ def measure_point(
 def summarize_point(point: Point, rows: list[dict]) -> dict:
     totals = [r["total"] for r in rows]
     mid = sorted(range(len(rows)), key=lambda i: totals[i])[len(rows) // 2]
-    reqs, tokens, pairs, kv = rows[mid]["features"]
+    reqs, tokens, pairs, kv, max_kv = rows[mid]["features"]
     med = statistics.median
 
     def part(name: str) -> float:
@@ -161,6 +161,7 @@ def summarize_point(point: Point, rows: list[dict]) -> dict:
         num_tokens=tokens,
         attn_pairs=pairs,
         kv_tokens=kv,
+        max_kv=max_kv,
         latency_s=med(totals),
         latency_min_s=min(totals),
         latency_max_s=max(totals),
@@ -201,7 +202,7 @@ def measure_replay(engine, num_requests: int, vocab: int, seed: int = 1234) -> l
         so = res.scheduler_output
         if not so.requests:
             return
-        reqs, tokens, pairs, kv = step_features(so)
+        reqs, tokens, pairs, kv, max_kv = step_features(so)
         rows.append(
             dict(
                 kind="step",
@@ -213,6 +214,7 @@ def measure_replay(engine, num_requests: int, vocab: int, seed: int = 1234) -> l
                 num_tokens=tokens,
                 attn_pairs=pairs,
                 kv_tokens=kv,
+                max_kv=max_kv,
                 latency_s=res.latency_s,
                 repeats=1,
             )

@@ -1,6 +1,6 @@
 """Step-latency models: predict how long one engine step takes from its composition.
 
-A step is summarised by four numbers (see :func:`step_features`):
+A step is summarised by five numbers (see :func:`step_features`):
 
 * ``num_reqs``: requests in the batch (per-request CPU work: input preparation,
   sampling, bookkeeping);
@@ -8,7 +8,10 @@ A step is summarised by four numbers (see :func:`step_features`):
 * ``attn_pairs``: query-key pairs attention computes, ``sum_i n_i * (ctx_i + (n_i + 1) / 2)``
   for a request computing ``n_i`` tokens after ``ctx_i`` cached ones;
 * ``kv_tokens``: cached tokens whose keys and values attention reads,
-  ``sum_i (ctx_i + n_i)``.
+  ``sum_i (ctx_i + n_i)``;
+* ``max_kv``: the most one request reads, ``max_i (ctx_i + n_i)``: attention
+  kernels that pad to, or loop over chunks of, the longest context pay for
+  unequal contexts beyond their total.
 
 Two models map them to seconds. :class:`RooflineModel` charges FLOPs against
 peak compute and bytes against memory bandwidth, from the model's shape and a
@@ -30,30 +33,43 @@ from testbed.core import SchedulerOutput
 from testbed.models import DTYPE_BYTES, ModelSpec
 
 
-def step_features(so: SchedulerOutput) -> tuple[int, int, float, int]:
-    """``(num_reqs, num_tokens, attn_pairs, kv_tokens)`` of a scheduled step."""
+def step_features(so: SchedulerOutput) -> tuple[int, int, float, int, int]:
+    """``(num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv)`` of a scheduled step."""
     return so.features()
 
 
-def decode_latencies(model: LatencyModel, num_reqs: int, context_tokens: int, k: int):
+def decode_latencies(
+    model: LatencyModel, num_reqs: int, context_tokens: int, k: int, longest_context: int
+):
     """Latencies of ``k`` steps in which each of ``num_reqs`` requests decodes one
-    token, after ``context_tokens`` cached tokens in total at the first. Bit for bit
+    token, after ``context_tokens`` cached tokens in total (``longest_context`` for
+    the longest request) at the first. Bit for bit
     what :func:`step_features` + ``predict`` give for each such step, so the
     simulator's fast path predicts exactly what stepping would."""
-    kv = context_tokens + num_reqs * np.arange(1, k + 1, dtype=np.int64)
-    return model.predict_many(num_reqs, num_reqs, kv.astype(np.float64), kv)
+    steps = np.arange(1, k + 1, dtype=np.int64)
+    kv = context_tokens + num_reqs * steps
+    return model.predict_many(
+        num_reqs, num_reqs, kv.astype(np.float64), kv, longest_context + steps
+    )
 
 
 class LatencyModel(Protocol):
     kind: str  # "roofline" or "profile"
     source: str  # where its numbers come from
 
-    def predict(self, num_reqs: int, num_tokens: int, attn_pairs: float, kv_tokens: int) -> float:
+    def predict(
+        self, num_reqs: int, num_tokens: int, attn_pairs: float, kv_tokens: int, max_kv: int
+    ) -> float:
         """Seconds one step with this composition takes."""
         ...
 
     def predict_many(
-        self, num_reqs: int, num_tokens: int, attn_pairs: np.ndarray, kv_tokens: np.ndarray
+        self,
+        num_reqs: int,
+        num_tokens: int,
+        attn_pairs: np.ndarray,
+        kv_tokens: np.ndarray,
+        max_kv: np.ndarray,
     ) -> np.ndarray:
         """:meth:`predict` over arrays of attention work, with the same float operations
         in the same order (so each element equals the scalar prediction exactly)."""
@@ -108,20 +124,20 @@ class RooflineModel:
         self._s_per_pair = 4 * model.num_layers * model.num_heads * model.head_dim / flops
         self._s_per_kv_token = model.kv_bytes_per_token(dtype) / bw
 
-    def predict(self, num_reqs: int, num_tokens: int, attn_pairs: float, kv_tokens: int) -> float:
+    def predict(self, num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv=0) -> float:
         linear = max(num_tokens * self._s_per_token_flops, self._s_weights)
         attention = max(attn_pairs * self._s_per_pair, kv_tokens * self._s_per_kv_token)
         hw = self.hw
         return hw.step_overhead_s + hw.request_overhead_s * num_reqs + linear + attention
 
-    def predict_many(self, num_reqs, num_tokens, attn_pairs, kv_tokens):
+    def predict_many(self, num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv=0):
         linear = np.maximum(num_tokens * self._s_per_token_flops, self._s_weights)
         attention = np.maximum(attn_pairs * self._s_per_pair, kv_tokens * self._s_per_kv_token)
         hw = self.hw
         return hw.step_overhead_s + hw.request_overhead_s * num_reqs + linear + attention
 
 
-FEATURES = ("num_reqs", "num_tokens", "attn_pairs", "kv_tokens")
+FEATURES = ("num_reqs", "num_tokens", "attn_pairs", "kv_tokens", "max_kv")
 
 
 def nnls(a: np.ndarray, b: np.ndarray, iters: int = 500) -> np.ndarray:
@@ -153,12 +169,13 @@ PAIR_KNOTS = (2**17, 2**19)  # attention pairs (a 512- and a 1,024-token prefill
 GROUP_WEIGHTS = {"replay": 4.0, "point": 1.0}  # profile rows: realistic steps vs grid
 
 
-def profile_basis(num_reqs, num_tokens, attn_pairs, kv_tokens) -> list:
+def profile_basis(num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv) -> list:
     """The fitted model's terms: a constant; the batch size, also through concave
     ramps ``min(num_reqs, k)`` (a matrix product costs nearly the same for 1 and
     2 rows, then grows with rows); tokens; attention pairs and KV tokens read,
     both also through convex hinges ``max(x - k, 0)`` (work that outgrows the
-    caches costs more per unit)."""
+    caches costs more per unit); and the longest context (kernels that loop over
+    its chunks or pad to it)."""
     if isinstance(num_reqs, np.ndarray):
         ramps = [np.minimum(num_reqs, k) for k in KNOTS]
     else:
@@ -169,7 +186,17 @@ def profile_basis(num_reqs, num_tokens, attn_pairs, kv_tokens) -> list:
         (np.maximum if isinstance(attn_pairs, np.ndarray) else max)(attn_pairs - k, 0)
         for k in PAIR_KNOTS
     ]
-    return [1.0, num_reqs, *ramps, num_tokens, attn_pairs, *pair_hinges, kv_tokens, *kv_hinges]
+    return [
+        1.0,
+        num_reqs,
+        *ramps,
+        num_tokens,
+        attn_pairs,
+        *pair_hinges,
+        kv_tokens,
+        *kv_hinges,
+        max_kv,
+    ]
 
 
 class ProfileModel:
@@ -186,6 +213,9 @@ class ProfileModel:
         self.path = Path(path)
         self.header = read_profile_header(self.path)
         table = pd.read_csv(self.path, comment="#")
+        if "max_kv" not in table.columns and {"kv_tokens", "num_reqs"} <= set(table.columns):
+            # Older tables: as if every request read the same (exact for a grid).
+            table["max_kv"] = np.ceil(table["kv_tokens"] / table["num_reqs"].clip(lower=1))
         missing = [c for c in (*FEATURES, "latency_s") if c not in table.columns]
         if missing:
             raise ValueError(f"{self.path}: profile table lacks columns {missing}")
@@ -214,19 +244,17 @@ class ProfileModel:
             f"{self.header.get('date', '?')})"
         )
 
-    def predict(self, num_reqs: int, num_tokens: int, attn_pairs: float, kv_tokens: int) -> float:
+    def predict(self, num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv) -> float:
         total = 0.0
-        for c, b in zip(
-            self._coef, profile_basis(num_reqs, num_tokens, attn_pairs, kv_tokens), strict=True
-        ):
+        basis = profile_basis(num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv)
+        for c, b in zip(self._coef, basis, strict=True):
             total = total + c * b
         return total
 
-    def predict_many(self, num_reqs, num_tokens, attn_pairs, kv_tokens):
+    def predict_many(self, num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv):
         total = 0.0
-        for c, b in zip(
-            self._coef, profile_basis(num_reqs, num_tokens, attn_pairs, kv_tokens), strict=True
-        ):
+        basis = profile_basis(num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv)
+        for c, b in zip(self._coef, basis, strict=True):
             total = total + c * b
         return total
 
@@ -242,11 +270,13 @@ class ScaledModel:
         self.kind = inner.kind
         self.source = f"{inner.source} x {self.scale:.4g}"
 
-    def predict(self, num_reqs: int, num_tokens: int, attn_pairs: float, kv_tokens: int) -> float:
-        return self.scale * self.inner.predict(num_reqs, num_tokens, attn_pairs, kv_tokens)
+    def predict(self, num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv) -> float:
+        return self.scale * self.inner.predict(num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv)
 
-    def predict_many(self, num_reqs, num_tokens, attn_pairs, kv_tokens):
-        return self.scale * self.inner.predict_many(num_reqs, num_tokens, attn_pairs, kv_tokens)
+    def predict_many(self, num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv):
+        return self.scale * self.inner.predict_many(
+            num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv
+        )
 
 
 def read_profile_header(path: Path) -> dict[str, str]:

@@ -118,12 +118,16 @@ class Replica:
         """Up to ``k`` decode steps from time ``t``, none starting at or after the
         next arrival (the first always runs). Returns the end time and who finished."""
         n = len(sched.running)
-        ctx = sum(r.num_computed_tokens for r in sched.running)
+        ctx = longest = 0
+        for r in sched.running:
+            ctx += r.num_computed_tokens
+            if r.num_computed_tokens > longest:
+                longest = r.num_computed_tokens
         if next_arrival < float("inf"):
             # Steps only get longer as contexts grow: the first bounds how many fit.
-            first = latency_model.predict(n, n, float(ctx + n), ctx + n)
+            first = latency_model.predict(n, n, float(ctx + n), ctx + n, longest + 1)
             k = min(k, int((next_arrival - t) / first) + 2)
-        lat = decode_latencies(latency_model, n, ctx, k)
+        lat = decode_latencies(latency_model, n, ctx, k, longest)
         times = np.empty(len(lat) + 1)
         times[0] = t
         times[1:] = lat
@@ -141,6 +145,7 @@ class Replica:
             len(sched.waiting),
             n - len(finished),
             ctx + n * np.arange(1, m + 1, dtype=np.int64),  # what decode_latencies read
+            longest + np.arange(1, m + 1, dtype=np.int64),
         )
         self.sim.num_jumps += 1
         self.sim.num_jumped_steps += m

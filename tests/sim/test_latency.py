@@ -12,18 +12,20 @@ from tests.sim.helpers import latency_model
 def test_roofline_decode_is_bound_by_weight_reads_and_grows_with_context():
     model = latency_model("llama3-8b", "h200")
     floor = model.model.weight_bytes("bfloat16") / 4.8e12  # 16 GB at 4.8 TB/s = 3.35 ms
-    one = model.predict(1, 1, 1025.0, 1025)
+    one = model.predict(1, 1, 1025.0, 1025, 1025)
     assert one > floor and floor == pytest.approx(3.35e-3, rel=0.02)
-    batch = model.predict(64, 64, 64 * 4097.0, 64 * 4097)
+    batch = model.predict(64, 64, 64 * 4097.0, 64 * 4097, 4097)
     assert batch > one  # KV reads of 64 x 4k contexts add to the weights
-    prefill = model.predict(1, 4096, 4096 * 2048.5, 4096)
+    prefill = model.predict(1, 4096, 4096 * 2048.5, 4096, 4096)
     assert prefill > 2 * 8e9 * 4096 / 989e12  # at least the FLOPs at peak
 
 
 def test_vectorized_decode_latencies_equal_scalar_predictions_exactly():
     model = latency_model("llama3-8b", "h200")
-    lat = decode_latencies(model, 7, 12_345, 50)
-    scalar = [model.predict(7, 7, float(12_345 + 7 * j), 12_345 + 7 * j) for j in range(1, 51)]
+    lat = decode_latencies(model, 7, 12_345, 50, 4000)
+    scalar = [
+        model.predict(7, 7, float(12_345 + 7 * j), 12_345 + 7 * j, 4000 + j) for j in range(1, 51)
+    ]
     assert lat.tolist() == scalar
 
 
@@ -37,7 +39,7 @@ def test_profile_model_fits_a_measured_table_and_extrapolates_sanely(tmp_path):
     rng = np.random.default_rng(0)
     truth = np.array([2e-3, 1e-4, 2e-6, 1e-10, 5e-9])  # overheads, tokens, pairs, kv
     rows = []
-    for reqs in (1, 4, 16, 64):
+    for reqs in (1, 4, 8, 16, 64):
         for tokens_per in (1, 32, 256):
             ctx = int(rng.integers(64, 4096))
             t, p, k = reqs * tokens_per, reqs * tokens_per * (ctx + tokens_per / 2), reqs * ctx
@@ -50,9 +52,9 @@ def test_profile_model_fits_a_measured_table_and_extrapolates_sanely(tmp_path):
     assert model.fit_rel_error < 0.05
     assert (model.coef >= 0).all()
     # Far outside the grid: positive, finite and at most linear growth.
-    small, big = model.predict(1, 1, 1.0, 1), model.predict(1024, 65536, 1e11, 1e8)
+    small, big = model.predict(1, 1, 1.0, 1, 1), model.predict(1024, 65536, 1e11, 1e8, 1e6)
     assert 0 < small < big < np.inf
-    assert model.predict(2048, 131072, 2e11, 2e8) <= 2.01 * big
+    assert model.predict(2048, 131072, 2e11, 2e8, 2e6) <= 2.01 * big
 
 
 def test_profile_model_rejects_incomplete_tables(tmp_path):
@@ -82,7 +84,32 @@ def test_profile_model_vectorized_predictions_equal_scalar_ones_exactly(tmp_path
     ]
     write_profile(tmp_path / "p.csv", rows)
     model = ProfileModel(tmp_path / "p.csv")
-    lat = decode_latencies(model, 5, 1000, 30)
+    lat = decode_latencies(model, 5, 1000, 30, 300)
     assert lat.tolist() == [
-        model.predict(5, 5, float(1000 + 5 * j), 1000 + 5 * j) for j in range(1, 31)
+        model.predict(5, 5, float(1000 + 5 * j), 1000 + 5 * j, 300 + j) for j in range(1, 31)
     ]
+
+
+def test_profile_model_charges_unequal_contexts_through_max_kv(tmp_path):
+    """Decode steps whose cost follows the longest context (a kernel that loops
+    over its chunks): with ``max_kv`` in the table the fit tells a ragged batch
+    from an even one of the same total; a table without it is read as even."""
+    rng = np.random.default_rng(2)
+    lines = ["kind,num_reqs,num_tokens,attn_pairs,kv_tokens,max_kv,latency_s"]
+    for _ in range(60):
+        reqs = int(rng.integers(1, 32))
+        ctxs = rng.integers(16, 2048, size=reqs)
+        kv, longest = int(ctxs.sum()), int(ctxs.max())
+        lat = 2e-3 + 1e-4 * reqs + 2e-8 * kv + 3e-6 * longest
+        lines.append(f"step,{reqs},{reqs},{float(kv)},{kv},{longest},{lat}")
+    path = tmp_path / "ragged.csv"
+    path.write_text("\n".join(lines) + "\n")
+    model = ProfileModel(path)
+    assert model.fit_rel_error < 0.01
+    even = model.predict(4, 4, 4000.0, 4000, 1000)
+    ragged = model.predict(4, 4, 4000.0, 4000, 1900)
+    assert ragged - even == pytest.approx(3e-6 * 900, rel=0.1)
+    # An older table (no max_kv column) still loads: contexts taken as equal.
+    old = [(r, r, r * 500.0, r * 500, 1e-3 * r) for r in range(1, 21)]
+    write_profile(tmp_path / "old.csv", old)
+    assert ProfileModel(tmp_path / "old.csv").predict(2, 2, 1000.0, 1000, 500) > 0

@@ -171,7 +171,7 @@ def test_a_profile_for_the_hardware_and_model_replaces_the_roofline(tmp_path):
 
     rows = [
         (r, r * t, r * t * 300.0, r * 300, 1e-3 + 1e-4 * r + 1e-6 * r * t)
-        for r in (1, 2, 4, 8)
+        for r in (1, 2, 4, 8, 16)
         for t in (1, 16, 64)
     ]
     (tmp_path / "profiles" / "cpu").mkdir(parents=True)
@@ -231,6 +231,7 @@ def test_steps_record_each_steps_kv_tokens_and_attention_pairs(tmp_path):
     decode = steps[steps["num_prefill_tokens"] == 0]
     assert list(decode["kv_tokens"]) == list(range(301, 301 + 19))
     assert (decode["attn_pairs"] == decode["kv_tokens"]).all()
+    assert (steps["max_kv"] == steps["kv_tokens"]).all()  # one request: its own
 
 
 def test_latency_scale_stretches_every_simulated_step(tmp_path):
