@@ -64,13 +64,11 @@ class SchedulerOutput:
         Computed once per step (a simulator's executor and the step log share it)."""
         if self._features is None:
             pairs = 0.0
-            kv = longest = 0
-            for req, n in zip(self.requests, self.num_scheduled_tokens, strict=True):
-                ctx = req.num_computed_tokens - n
-                pairs += n * (ctx + (n + 1) / 2)
-                kv += ctx + n
-                if ctx + n > longest:
-                    longest = ctx + n
+            ends = [req.num_computed_tokens for req in self.requests]  # context + new tokens
+            for end, n in zip(ends, self.num_scheduled_tokens, strict=True):
+                pairs += n * (end - n + (n + 1) / 2)
+            kv = sum(ends)
+            longest = max(ends, default=0)
             self._features = (
                 len(self.requests),
                 self.total_num_scheduled_tokens,

@@ -118,11 +118,8 @@ class Replica:
         """Up to ``k`` decode steps from time ``t``, none starting at or after the
         next arrival (the first always runs). Returns the end time and who finished."""
         n = len(sched.running)
-        ctx = longest = 0
-        for r in sched.running:
-            ctx += r.num_computed_tokens
-            if r.num_computed_tokens > longest:
-                longest = r.num_computed_tokens
+        counts = [r.num_computed_tokens for r in sched.running]
+        ctx, longest = sum(counts), max(counts)
         if next_arrival < float("inf"):
             # Steps only get longer as contexts grow: the first bounds how many fit.
             first = latency_model.predict(n, n, float(ctx + n), ctx + n, longest + 1)
