@@ -25,7 +25,7 @@ import torch
 
 from testbed.core import Request, SamplingParams
 from testbed.engine.llm import EngineArgs, build_engine
-from testbed.sim.latency import step_features
+from testbed.sim.latency import FEATURES, step_features
 
 GRIDS = {
     # (decode batch, decode context, prefill tokens) per point
@@ -141,10 +141,14 @@ def measure_point(
     return summarize_point(point, rows)
 
 
+def feature_columns(features: tuple) -> dict:
+    """A step's :func:`step_features` as the profile table's columns."""
+    return dict(zip(FEATURES, features, strict=True))
+
+
 def summarize_point(point: Point, rows: list[dict]) -> dict:
     totals = [r["total"] for r in rows]
     mid = sorted(range(len(rows)), key=lambda i: totals[i])[len(rows) // 2]
-    reqs, tokens, pairs, kv, max_kv = rows[mid]["features"]
     med = statistics.median
 
     def part(name: str) -> float:
@@ -157,11 +161,7 @@ def summarize_point(point: Point, rows: list[dict]) -> dict:
         decode_batch=point.decode_batch,
         context=point.context,
         prefill_tokens=point.prefill_tokens,
-        num_reqs=reqs,
-        num_tokens=tokens,
-        attn_pairs=pairs,
-        kv_tokens=kv,
-        max_kv=max_kv,
+        **feature_columns(rows[mid]["features"]),
         latency_s=med(totals),
         latency_min_s=min(totals),
         latency_max_s=max(totals),
@@ -202,7 +202,6 @@ def measure_replay(engine, num_requests: int, vocab: int, seed: int = 1234) -> l
         so = res.scheduler_output
         if not so.requests:
             return
-        reqs, tokens, pairs, kv, max_kv = step_features(so)
         rows.append(
             dict(
                 kind="step",
@@ -210,11 +209,7 @@ def measure_replay(engine, num_requests: int, vocab: int, seed: int = 1234) -> l
                 decode_batch=so.num_decode_tokens,
                 context=0,
                 prefill_tokens=so.num_prefill_tokens,
-                num_reqs=reqs,
-                num_tokens=tokens,
-                attn_pairs=pairs,
-                kv_tokens=kv,
-                max_kv=max_kv,
+                **feature_columns(step_features(so)),
                 latency_s=res.latency_s,
                 repeats=1,
             )
