@@ -126,9 +126,8 @@ def step_errors(real_dir: Path, model) -> dict:
     return row
 
 
-def profile_probe(cfg) -> float:
-    """The speed probe recorded in the profile the simulator uses."""
-    model = latency_model(cfg)
+def profile_probe(model) -> float:
+    """The speed probe recorded in the profile of the simulator's latency model."""
     value = getattr(model, "header", {}).get("speed_probe_s")
     if value is None:
         raise SystemExit(
@@ -227,6 +226,7 @@ def main() -> None:
         print(f"{trace}: capacity {cap:.3f} req/s in simulation; replaying at {rate} req/s")
         for policy in args.policies:
             sim_cfg = compose_cfg([*common, "mode=sim", f"policy={policy}", f"trace.rate={rate}"])
+            model = latency_model(sim_cfg)  # the fit the simulation uses, for step errors
             dirs = {"sim": runs / trace / f"{policy}-sim", "real": runs / trace / f"{policy}-real"}
             probes = [probe()] if args.speed_probe else []
             run_from_config(
@@ -237,7 +237,7 @@ def main() -> None:
             run_from_config(sim_cfg, dirs["sim"])
             speed = {}
             if probes:
-                factor = float(np.mean(probes)) / profile_probe(sim_cfg)
+                factor = float(np.mean(probes)) / profile_probe(model)
                 speed = dict(probe_before_s=probes[0], probe_after_s=probes[1], speed_factor=factor)
                 dirs["sim_corrected"] = runs / trace / f"{policy}-sim-corrected"
                 run_from_config(
@@ -274,7 +274,7 @@ def main() -> None:
                 rate_req_s=rate,
                 capacity_req_s=cap,
                 **compare(dirs["sim"], dirs["real"]),
-                **step_errors(dirs["real"], latency_model(sim_cfg)),
+                **step_errors(dirs["real"], model),
                 **speed,
             )
             if probes:
