@@ -12,7 +12,7 @@ error, apart from any difference in schedule. It writes the table (CSV, JSON), p
 
 Each trace is scaled to ``--load`` (default 70%) of the engine's capacity: the
 highest rate it sustains, which the simulator finds first by bisection. With
-``--noise`` the first real run is repeated, and the difference between the two
+``--noise`` each trace's first real run is repeated, and the difference between the two
 real runs (the machine's own noise floor) is reported beside the errors; with
 ``--profile-first`` the simulator uses a profile measured just before the runs.
 
@@ -180,7 +180,7 @@ def main() -> None:
     ap.add_argument("--runs", default=str(ROOT / "outputs/fidelity"))
     ap.add_argument("--extra", nargs="*", default=[], help="more Hydra overrides for both modes")
     ap.add_argument("--wandb", default="offline", choices=["offline", "online", "disabled"])
-    ap.add_argument("--noise", action="store_true", help="repeat the first real run")
+    ap.add_argument("--noise", action="store_true", help="repeat each trace's first real run")
     ap.add_argument(
         "--speed-probe",
         action="store_true",
@@ -252,7 +252,7 @@ def main() -> None:
                     ),
                     dirs["sim_corrected"],
                 )
-            if args.noise and not rows:
+            if args.noise and policy == args.policies[0]:  # once per trace
                 again = runs / trace / f"{policy}-real-again"
                 run_from_config(
                     compose_cfg([*common, "mode=real", f"policy={policy}", f"trace.rate={rate}"]),

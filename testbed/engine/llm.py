@@ -60,6 +60,7 @@ class EngineArgs:
     device: str | None = None  # default: cuda when available
     dtype: str | None = None  # default: float32 on CPU, bfloat16 on CUDA
     attention_backend: str = "auto"  # auto | triton | torch
+    threads: int | None = None  # torch's intra-op threads on CPU; default: torch's (one per core)
     seed: int = 0
     extra: dict = field(default_factory=dict)
 
@@ -144,6 +145,10 @@ def build_engine(
     """One real engine. ``model`` (config, weights folder, name) overrides ``args.model``."""
     cfg, folder, name = model or resolve_model(args.model)
     device = pick_device(args.device)
+    if args.threads is not None and device.type == "cpu":
+        if not isinstance(args.threads, int) or args.threads < 1:
+            raise ValueError(f"threads must be a positive integer, got {args.threads!r}")
+        torch.set_num_threads(args.threads)
     dtype = pick_dtype(args.dtype, device)
     model = build_model(cfg, folder, dtype, device, seed=args.seed)
     spec = ModelSpec.from_hf_config(cfg.raw, name=name)

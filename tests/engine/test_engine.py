@@ -135,3 +135,17 @@ def test_text_prompts_with_the_models_tokenizer():
     out = llm.generate(["Once upon a time"], SamplingParams(temperature=0, max_tokens=20))[0]
     assert out.prompt_token_ids[:2] == llm.tokenizer.encode("Once upon a time")[:2]
     assert len(out.text) > 20
+
+
+def test_threads_option_sets_torchs_cpu_threads_and_rejects_nonsense():
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        llm = LLM("dummy-llama", num_kv_blocks=16, threads=1, device="cpu")
+        assert torch.get_num_threads() == 1
+        assert len(llm.generate([[5, 6, 7]], GREEDY)[0].token_ids) == GREEDY.max_tokens
+        with pytest.raises(ValueError, match="threads must be a positive integer"):
+            LLM("dummy-llama", num_kv_blocks=16, threads=0, device="cpu")
+    finally:
+        torch.set_num_threads(before)

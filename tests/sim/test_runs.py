@@ -181,6 +181,15 @@ def test_a_profile_for_the_hardware_and_model_replaces_the_roofline(tmp_path):
     empty = tmp_path / "no-profiles"
     m = run(tmp_path, "trace.num_requests=20", f"profiles_dir={empty}", name="r2")
     assert m["latency_model"] == "roofline"
+    # One-thread CPU hardware is another hardware: its own profile, not cpu's.
+    m = run(
+        tmp_path,
+        "trace.num_requests=20",
+        "hardware=cpu1",
+        f"profiles_dir={tmp_path / 'profiles'}",
+        name="r3",
+    )
+    assert m["latency_model"] == "roofline" and m["hardware"] == "cpu1"
 
 
 class ExplodingPolicy(FCFS):
