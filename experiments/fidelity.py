@@ -12,17 +12,26 @@ error, apart from any difference in schedule. It writes the table (CSV, JSON), p
 
 Each trace is scaled to ``--load`` (default 70%) of the engine's capacity: the
 highest rate it sustains, which the simulator finds first by bisection. With
-``--noise`` each trace's first real run is repeated, and the difference between the two
-real runs (the machine's own noise floor) is reported beside the errors; with
+``--noise`` each trace's first real run is repeated, and the difference between
+the two real runs (the machine's own noise floor) is reported beside the errors; with
 ``--profile-first`` the simulator uses a profile measured just before the runs.
+
+Each pair is also simulated at the real run's own speed: every step scaled by
+the ratio of the real run's busy time to the latency model's prediction of the
+same steps (``own_err_*``). That is calibrated on the run itself, so it is not
+a prediction; it is the simulator's error apart from how much faster or slower
+the machine ran than when it was profiled (on a shared VM, 5-10% within
+minutes). ``--reuse RUNS_DIR`` takes the real runs (and the profile) of an
+earlier invocation and re-simulates only: a change to the simulator or the
+latency model is checked against the same real runs in seconds.
 
 With ``--speed-probe`` the machine's speed is measured (a few seconds of fixed
 steps, ``testbed.profiling.profiler.speed_probe``) right before and after each
 real run and compared with the same probe recorded in the profile; each pair
 is then also simulated with every step scaled by that ratio, and both errors
-are reported: as profiled (``err_*``) and speed-corrected (``cor_err_*``). On a
-shared VM whose speed drifts by 10% over minutes, the second separates the
-latency model's error from the machine's drift.
+are reported: as profiled (``err_*``) and probe-corrected (``cor_err_*``). On
+the 2-core VM a few seconds of probe did not follow the drift over a run
+(experiments/results/fidelity_cpu/); the run's own speed above does.
 
     python experiments/fidelity.py --policies fcfs sjf priority vtc \\
         --traces azure_conv mooncake_conv:prompt_scale=0.0625 --num-requests 200
@@ -80,6 +89,13 @@ def capacity(common: list[str], out: Path) -> float:
     return lo
 
 
+def simulate(overrides: list[str], run_dir: Path, scale: float = 1.0) -> Path:
+    """The simulation of ``overrides``, every step scaled by ``scale``."""
+    scaled = [f"mode.latency_scale={scale:.6f}"] if scale != 1.0 else []
+    run_from_config(compose_cfg([*overrides, "mode=sim", *scaled]), run_dir)
+    return run_dir
+
+
 def compare(sim_dir: Path, real_dir: Path) -> dict:
     """Relative errors of the simulation against the real run."""
     ms = json.loads((sim_dir / "metrics.json").read_text())
@@ -94,6 +110,9 @@ def compare(sim_dir: Path, real_dir: Path) -> dict:
             row[f"err_{key}"] = ms[key] / mr[key] - 1 if mr[key] else float("nan")
     rs = pd.read_csv(sim_dir / "requests.csv").set_index("request_id")
     rr = pd.read_csv(real_dir / "requests.csv").set_index("request_id")
+    arrivals = rs[["arrival_s"]].join(rr[["arrival_s"]].add_suffix("_real"), how="outer")
+    if not np.allclose(arrivals["arrival_s"], arrivals["arrival_s_real"], atol=1e-6):
+        raise ValueError(f"{sim_dir} and {real_dir} did not replay the same arrivals")
     both = rs[["e2e_s"]].join(rr[["e2e_s"]], suffixes=("_sim", "_real")).dropna()
     row["e2e_corr"] = float(np.corrcoef(both["e2e_s_sim"], both["e2e_s_real"])[0, 1])
     row["joined_requests"] = len(both)
@@ -103,8 +122,11 @@ def compare(sim_dir: Path, real_dir: Path) -> dict:
 def step_errors(real_dir: Path, model) -> dict:
     """The latency model against the real run's own steps: each measured step's
     composition predicted (sim / real - 1), free of any difference in schedule.
-    ``total``: the summed busy time; ``median``: the typical step; split into
-    steps with a prefill chunk and plain decode steps."""
+    ``total``: the summed busy time; ``median``: the typical step;
+    ``per_request``: each step counted once per request in its batch, as the
+    requests' latencies add it up (what mean TPOT and E2E average: a large batch
+    weighs as much as the requests that wait on it); split into steps with a
+    prefill chunk and plain decode steps."""
     steps = pd.read_csv(real_dir / "steps.csv")
     steps = steps[steps["num_reqs"] > 0]
     pred = model.predict_many(
@@ -119,6 +141,8 @@ def step_errors(real_dir: Path, model) -> dict:
         "step_err_total": float(pred.sum() / real.sum() - 1),
         "step_err_median": float(np.median(pred / real) - 1),
     }
+    reqs = steps["num_reqs"].to_numpy(float)
+    row["step_err_per_request"] = float((reqs * pred).sum() / (reqs * real).sum() - 1)
     prefill = steps["num_prefill_tokens"].to_numpy() > 0
     for name, mask in (("prefill", prefill), ("decode", ~prefill)):
         if mask.any():
@@ -135,6 +159,36 @@ def profile_probe(model) -> float:
             "speed probe; profile again (python run.py mode=profile) or use --profile-first"
         )
     return float(value.split()[0])
+
+
+MARKDOWN = {  # column: heading, for the summary table
+    "err_throughput_req_s": "throughput",
+    "err_tpot_s_mean": "TPOT mean",
+    "err_e2e_s_mean": "E2E mean",
+    "err_ttft_s_p50": "TTFT p50",
+    "e2e_corr": "E2E corr",
+    "step_err_total": "steps (busy time)",
+    "step_err_per_request": "steps (per request)",
+    "own_err_tpot_s_mean": "TPOT mean, own speed",
+    "own_err_e2e_s_mean": "E2E mean, own speed",
+    "own_err_ttft_s_p50": "TTFT p50, own speed",
+}
+
+
+def markdown(table: pd.DataFrame) -> str:
+    """The summary as a Markdown table: errors in percent, blank where not measured."""
+    cols = [c for c in MARKDOWN if c in table.columns]
+    lines = [
+        "| trace | policy | " + " | ".join(MARKDOWN[c] for c in cols) + " |",
+        "| --- | --- | " + " | ".join("---:" for _ in cols) + " |",
+    ]
+    for _, r in table.iterrows():
+        cells = [
+            "" if pd.isna(r[c]) else f"{r[c]:.3f}" if c == "e2e_corr" else f"{r[c]:+.1%}"
+            for c in cols
+        ]
+        lines.append(f"| {r['trace']} | {r['policy']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def plot(pairs: list[tuple[str, Path, Path]], path: Path) -> None:
@@ -193,11 +247,21 @@ def main() -> None:
         help="measure a fresh profile into the runs folder first and simulate "
         "with it (on a machine whose speed drifts, calibrate just before)",
     )
+    ap.add_argument(
+        "--reuse",
+        metavar="RUNS_DIR",
+        help="take the real runs (and the profile, if it measured one) from an "
+        "earlier invocation's runs folder instead of running them again: "
+        "re-simulate and re-analyse only",
+    )
     args = ap.parse_args()
     out, runs = Path(args.out), Path(args.runs) / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
+    reuse = Path(args.reuse) if args.reuse else None
     quiet = ["logging=disabled", "progress=false", "plots=false"]
-    if args.profile_first:
+    if reuse is not None and (reuse / "profiles").is_dir():
+        quiet.append(f"profiles_dir={(reuse / 'profiles').resolve()}")
+    elif args.profile_first:
         profiles = runs / "profiles"
         run_from_config(compose_cfg(["mode=profile", f"profiles_dir={profiles}", *args.extra]))
         quiet.append(f"profiles_dir={profiles}")
@@ -207,6 +271,18 @@ def main() -> None:
 
         def probe() -> float:
             return speed_probe(*probe_setup)
+
+    def real_run(cfg, name: str, needed: bool = True) -> Path | None:
+        """The real run ``name`` (e.g. trace/fcfs-real), or the reused one."""
+        if reuse is not None:
+            if (reuse / name / "metrics.json").exists():
+                return reuse / name
+            if needed:
+                raise SystemExit(f"--reuse: {reuse / name} holds no finished real run")
+            print(f"--reuse: {reuse / name} holds no finished real run; left out")
+            return None
+        run_from_config(cfg, runs / name)
+        return runs / name
 
     rows, pairs = [], []
     for spec in args.traces:
@@ -225,69 +301,64 @@ def main() -> None:
         rate = round(args.load * cap, 3)
         print(f"{trace}: capacity {cap:.3f} req/s in simulation; replaying at {rate} req/s")
         for policy in args.policies:
-            sim_cfg = compose_cfg([*common, "mode=sim", f"policy={policy}", f"trace.rate={rate}"])
-            model = latency_model(sim_cfg)  # the fit the simulation uses, for step errors
-            dirs = {"sim": runs / trace / f"{policy}-sim", "real": runs / trace / f"{policy}-real"}
+            both = [*common, f"policy={policy}", f"trace.rate={rate}"]
+            here = runs / trace
+            model = latency_model(compose_cfg([*both, "mode=sim"]))  # the simulation's fit
             probes = [probe()] if args.speed_probe else []
-            run_from_config(
-                compose_cfg([*common, "mode=real", f"policy={policy}", f"trace.rate={rate}"]),
-                dirs["real"],
-            )
+            real = real_run(compose_cfg([*both, "mode=real"]), f"{trace}/{policy}-real")
             probes += [probe()] if args.speed_probe else []
-            run_from_config(sim_cfg, dirs["sim"])
-            speed = {}
+            sim = simulate(both, here / f"{policy}-sim")
+            steps = step_errors(real, model)
+            row = dict(
+                trace=trace,
+                policy=policy,
+                rate_req_s=rate,
+                capacity_req_s=cap,
+                **compare(sim, real),
+                **steps,
+            )
+            # At the real run's own speed: every step scaled by how much slower the
+            # machine ran its steps than the profile predicts. Not a prediction (it
+            # is calibrated on the run itself): the simulator's error apart from the
+            # machine's drift since it was profiled.
+            own_speed = 1 / (1 + steps["step_err_total"])
+            own_err = compare(simulate(both, here / f"{policy}-sim-own-speed", own_speed), real)
+            row.update(own_speed_factor=own_speed)
+            row.update({f"own_{k}": v for k, v in own_err.items() if k.startswith("err_")})
             if probes:
                 factor = float(np.mean(probes)) / profile_probe(model)
-                speed = dict(probe_before_s=probes[0], probe_after_s=probes[1], speed_factor=factor)
-                dirs["sim_corrected"] = runs / trace / f"{policy}-sim-corrected"
-                run_from_config(
-                    compose_cfg(
-                        [
-                            *common,
-                            "mode=sim",
-                            f"policy={policy}",
-                            f"trace.rate={rate}",
-                            f"mode.latency_scale={factor:.6f}",
-                        ]
-                    ),
-                    dirs["sim_corrected"],
-                )
+                row.update(probe_before_s=probes[0], probe_after_s=probes[1], speed_factor=factor)
+                corrected = compare(simulate(both, here / f"{policy}-sim-corrected", factor), real)
+                row.update({f"cor_{k}": v for k, v in corrected.items() if k.startswith("err_")})
+            again = None
             if args.noise and policy == args.policies[0]:  # once per trace
-                again = runs / trace / f"{policy}-real-again"
-                run_from_config(
-                    compose_cfg([*common, "mode=real", f"policy={policy}", f"trace.rate={rate}"]),
-                    again,
-                )
-                noise = compare(again, dirs["real"])  # the same real run, twice
+                name = f"{trace}/{policy}-real-again"
+                again = real_run(compose_cfg([*both, "mode=real"]), name, needed=False)
+            if again is not None:
                 rows.append(
                     dict(
                         trace=trace,
                         policy=f"{policy} (real vs real)",
                         rate_req_s=rate,
                         capacity_req_s=cap,
-                        **noise,
+                        **compare(again, real),  # the same real run, twice
                     )
                 )
-            row = dict(
-                trace=trace,
-                policy=policy,
-                rate_req_s=rate,
-                capacity_req_s=cap,
-                **compare(dirs["sim"], dirs["real"]),
-                **step_errors(dirs["real"], model),
-                **speed,
-            )
-            if probes:
-                corrected = compare(dirs["sim_corrected"], dirs["real"])
-                row.update({f"cor_{k}": v for k, v in corrected.items() if k.startswith("err_")})
             rows.append(row)
-            pairs.append((f"{trace}/{policy}", dirs["sim"], dirs["real"]))
+            pairs.append((f"{trace}/{policy}", sim, real))
             print(
                 f"  {policy}: throughput {row['err_throughput_req_s']:+.1%}, "
                 f"TPOT mean {row['err_tpot_s_mean']:+.1%}, E2E mean {row['err_e2e_s_mean']:+.1%}, "
                 f"TTFT p50 {row['err_ttft_s_p50']:+.1%}, E2E corr {row['e2e_corr']:.3f}; "
                 f"real steps predicted {row['step_err_total']:+.1%} (busy time), "
+                f"{row['step_err_per_request']:+.1%} (per request), "
                 f"{row['step_err_median']:+.1%} (median step)"
+            )
+            print(
+                f"    at the run's own speed (x{own_speed:.3f}): "
+                f"TPOT mean {row['own_err_tpot_s_mean']:+.1%}, "
+                f"E2E mean {row['own_err_e2e_s_mean']:+.1%}, "
+                f"TTFT p50 {row['own_err_ttft_s_p50']:+.1%}"
             )
             if probes:
                 print(
@@ -298,6 +369,7 @@ def main() -> None:
                 )
     table = pd.DataFrame(rows)
     table.to_csv(out / "fidelity.csv", index=False, float_format="%.6g")
+    (out / "fidelity.md").write_text(markdown(table))
     meta = dict(
         date=time.strftime("%Y-%m-%d"),
         load=args.load,
@@ -305,6 +377,7 @@ def main() -> None:
         max_model_len=args.max_model_len,
         extra=args.extra,
         runs=str(runs.relative_to(ROOT)) if runs.is_relative_to(ROOT) else str(runs),
+        reused_real_runs=str(reuse) if reuse else None,
     )
     (out / "fidelity.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=2) + "\n")
     plot(pairs, out / "fidelity.png")
@@ -319,6 +392,9 @@ def main() -> None:
                 "err_ttft_s_p50",
                 "e2e_corr",
                 "step_err_total",
+                "step_err_per_request",
+                "own_err_tpot_s_mean",
+                "own_err_e2e_s_mean",
             ]
         ].to_string(index=False)
     )

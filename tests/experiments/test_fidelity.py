@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
+import pytest
+
 from experiments.fidelity import compare, step_errors
 from testbed.runner import latency_model
 from tests.sim.test_runs import compose_cfg, run_from_config
@@ -37,3 +40,30 @@ def test_sim_predicts_the_real_engine_on_a_short_trace(tmp_path):
     steps = step_errors(tmp_path / "real", latency_model(compose_cfg("mode=sim", *SHORT)))
     assert abs(steps["step_err_total"]) < 0.35, steps
     assert set(steps) >= {"step_err_median", "step_err_decode_total"}, steps
+    assert abs(steps["step_err_per_request"]) < 0.35, steps
+
+
+def test_fidelity_script_end_to_end_then_reanalysed_from_its_real_runs(tmp_path, monkeypatch):
+    from experiments import fidelity
+
+    def main(runs: str, *args: str) -> pd.DataFrame:
+        argv = ["fidelity.py", "--policies", "fcfs", "--traces", "synthetic", "--noise"]
+        argv += ["--num-requests", "12", "--wandb", "disabled", "--out", str(tmp_path / "out")]
+        monkeypatch.setattr("sys.argv", [*argv, "--runs", str(tmp_path / runs), *args])
+        fidelity.main()
+        return pd.read_csv(tmp_path / "out" / "fidelity.csv")
+
+    first = main("runs")
+    assert list(first["policy"]) == ["fcfs (real vs real)", "fcfs"]
+    fcfs = first.iloc[1]
+    # At the run's own speed the simulation is scaled by exactly the busy-time ratio.
+    assert fcfs["own_speed_factor"] == pytest.approx(1 / (1 + fcfs["step_err_total"]))
+    assert abs(fcfs["own_err_throughput_req_s"]) < 0.2
+    (runs,) = (tmp_path / "runs").iterdir()
+    again = main("runs2", "--reuse", str(runs))
+    # Nothing real ran again; the same real runs give the same comparison.
+    (runs2,) = (tmp_path / "runs2").iterdir()
+    assert not list(runs2.glob("*/*-real*"))
+    pd.testing.assert_frame_equal(first, again)
+    table = (tmp_path / "out" / "fidelity.md").read_text().splitlines()
+    assert len(table) == 2 + len(again) and table[3].startswith("| synthetic | fcfs |")
