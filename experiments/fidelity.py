@@ -59,9 +59,11 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 
 from testbed.profiling.profiler import probe_engine, speed_probe  # noqa: E402
 from testbed.runner import engine_args, latency_model, real_model, run_from_config  # noqa: E402
+from traces.transforms import mean_rate  # noqa: E402
 
 STATS = ("mean", "p50", "p90", "p99")
 LATENCIES = ("ttft_s", "tpot_s", "e2e_s")
+LOWEST_RATE = 0.05  # req/s: where the capacity search starts (assumed sustained)
 
 
 def compose_cfg(overrides: list[str]):
@@ -69,18 +71,37 @@ def compose_cfg(overrides: list[str]):
         return compose("config", overrides=overrides)
 
 
+def kept_up(run_dir: Path, rate: float) -> bool:
+    """Whether a run's throughput kept up (>= 95%) with its arrivals. A short
+    synthetic trace's arrivals come at their own rate, not the nominal one, so
+    the throughput is compared with the rate they realised (``mean_rate``, as
+    the traces' rescaling defines it: a real trace rescaled to ``rate`` has
+    exactly that rate)."""
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    arrived = mean_rate(pd.read_csv(run_dir / "requests.csv", usecols=["arrival_s"]))
+    return metrics["throughput_req_s"] >= 0.95 * min(rate, arrived)
+
+
 def capacity(common: list[str], out: Path) -> float:
     """The highest arrival rate the engine sustains on this trace, in simulation:
     bisection on the rate for the largest at which throughput keeps up with it
     (>= 95%: a finite trace drains after its last arrival). A burst's throughput
-    would overstate it: a burst runs in batches a steady stream never forms."""
+    would overstate it: a burst runs in batches a steady stream never forms.
+    Where ``out`` already holds the bisection's runs (--reuse of a runs folder
+    without ``rate.json``), it is read off them."""
 
     def keeps_up(rate: float) -> bool:
+        rate = round(rate, 4)  # as replayed and named
         cfg = compose_cfg([*common, "mode=sim", f"trace.rate={rate:.4f}", "policy=fcfs"])
-        m = run_from_config(cfg, out / f"capacity-{rate:.4f}")
-        return m["throughput_req_s"] >= 0.95 * rate
+        run_from_config(cfg, out / f"capacity-{rate:.4f}")
+        return kept_up(out / f"capacity-{rate:.4f}", rate)
 
-    lo, hi = 0.05, 0.1
+    done = sorted(out.glob("capacity-*/metrics.json"))
+    if done:  # measured before (--reuse): the largest rate that kept up
+        rates = [float(m.parent.name.removeprefix("capacity-")) for m in done]
+        up = [r for r, m in zip(rates, done, strict=True) if kept_up(m.parent, r)]
+        return max(up, default=LOWEST_RATE)
+    lo, hi = LOWEST_RATE, 2 * LOWEST_RATE
     while keeps_up(hi):
         lo, hi = hi, hi * 2
     for _ in range(8):
@@ -250,16 +271,17 @@ def main() -> None:
     ap.add_argument(
         "--reuse",
         metavar="RUNS_DIR",
-        help="take the real runs (and the profile, if it measured one) from an "
-        "earlier invocation's runs folder instead of running them again: "
-        "re-simulate and re-analyse only",
+        help="take the real runs (and the profile, if it measured one and --extra "
+        "sets no profiles_dir) from an earlier invocation's runs folder instead of "
+        "running them again: re-simulate and re-analyse only",
     )
     args = ap.parse_args()
     out, runs = Path(args.out), Path(args.runs) / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     reuse = Path(args.reuse) if args.reuse else None
     quiet = ["logging=disabled", "progress=false", "plots=false"]
-    if reuse is not None and (reuse / "profiles").is_dir():
+    own_profiles = any(x.startswith("profiles_dir=") for x in args.extra)
+    if reuse is not None and (reuse / "profiles").is_dir() and not own_profiles:
         quiet.append(f"profiles_dir={(reuse / 'profiles').resolve()}")
     elif args.profile_first:
         profiles = runs / "profiles"
@@ -297,8 +319,16 @@ def main() -> None:
             *quiet,
             *args.extra,
         ]
-        cap = capacity(common, runs / trace)
-        rate = round(args.load * cap, 3)
+        if reuse is not None and (reuse / trace / "rate.json").exists():
+            rates = json.loads((reuse / trace / "rate.json").read_text())
+            cap, rate = rates["capacity_req_s"], rates["rate_req_s"]
+        else:
+            cap = capacity(common, (reuse or runs) / trace)
+            rate = round(args.load * cap, 3)
+        (runs / trace).mkdir(parents=True, exist_ok=True)
+        (runs / trace / "rate.json").write_text(
+            json.dumps(dict(capacity_req_s=cap, rate_req_s=rate)) + "\n"
+        )
         print(f"{trace}: capacity {cap:.3f} req/s in simulation; replaying at {rate} req/s")
         for policy in args.policies:
             both = [*common, f"policy={policy}", f"trace.rate={rate}"]

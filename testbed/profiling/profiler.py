@@ -12,7 +12,6 @@ latency models use, the median latency, its spread, and the parts.
 
 from __future__ import annotations
 
-import dataclasses
 import platform
 import random
 import statistics
@@ -177,44 +176,26 @@ def summarize_point(point: Point, rows: list[dict]) -> dict:
     )
 
 
-# The profile's two replays (see measure_replay). Both have long prompts, so
-# that contexts reach the model's length, and another seed and shape than any
-# workload the profile is evaluated on.
-REPLAYS = {
-    # Steady arrivals, no sharing: prefills mostly one at a time beside decodes.
-    "replay": dict(
-        rate=2.5,
-        prompt={"dist": "lognormal", "mean": 768, "cv": 0.8, "min": 16, "max": 1800},
-        output={"dist": "lognormal", "mean": 192, "cv": 1.0, "min": 1, "max": 240},
-    ),
-    # Bursts of arrivals over shared system prompts (prefix caching on): several
-    # prefills packed into one token budget, and prefills that read a cached
-    # prefix, as conversation traces produce (Mooncake's steps are mostly these).
-    "burst": dict(
-        rate=2.5,
-        arrival="gamma",
-        cv=4.0,
-        prompt={"dist": "lognormal", "mean": 640, "cv": 0.8, "min": 16, "max": 1400},
-        output={"dist": "lognormal", "mean": 192, "cv": 1.0, "min": 1, "max": 240},
-        shared_prefix={"num_prefixes": 4, "tokens": 384, "fraction": 0.7},
-    ),
-}
-
-
-def measure_replay(
-    engine, num_requests: int, vocab: int, seed: int = 1234, kind: str = "replay"
-) -> list[dict]:
-    """Every step of a short replay of a synthetic trace (:data:`REPLAYS`): the
-    batch mixes a real workload produces, which a grid alone does not cover.
-    One row per step, its ``grid`` column the replay's kind."""
+def measure_replay(engine, num_requests: int, vocab: int, seed: int = 1234) -> list[dict]:
+    """Every step of a short replay of the embedded synthetic trace (another seed
+    than the default runs use): the batch mixes a real workload produces, which a
+    grid alone does not cover. One row per step."""
     from testbed.engine.replay import replay
     from testbed.workload import to_requests
     from traces.synthetic import synthetic_trace
 
-    trace = synthetic_trace(num_requests=num_requests, seed=seed, **REPLAYS[kind])
+    # Longer prompts than the default trace, so that contexts reach the model's
+    # length; a different seed and shape from any workload it is evaluated on.
+    trace = synthetic_trace(
+        num_requests=num_requests,
+        rate=2.5,
+        seed=seed,
+        prompt={"dist": "lognormal", "mean": 768, "cv": 0.8, "min": 16, "max": 1800},
+        output={"dist": "lognormal", "mean": 192, "cv": 1.0, "min": 1, "max": 240},
+    )
     requests = to_requests(trace, with_tokens=True, vocab_size=vocab, seed=seed)
     for r in requests:
-        r.request_id = f"calibration-{kind}-{r.request_id}"
+        r.request_id = f"calibration-{r.request_id}"
     rows: list[dict] = []
 
     def record(res) -> None:
@@ -224,7 +205,7 @@ def measure_replay(
         rows.append(
             dict(
                 kind="step",
-                grid=kind,
+                grid="replay",
                 decode_batch=so.num_decode_tokens,
                 context=0,
                 prefill_tokens=so.num_prefill_tokens,
@@ -290,8 +271,8 @@ def run_profile(
     model=None,
     replay_requests: int = 80,
 ) -> Path:
-    """Measure every grid point, then every step of two short synthetic replays
-    (:data:`REPLAYS`), and write ``<out_dir>/<hardware>/<model>.csv``."""
+    """Measure every grid point, then every step of a short synthetic replay, and
+    write ``<out_dir>/<hardware>/<model>.csv``."""
     points = [Point(*g) for g in grid]
     fit_args(args, points + [Point(*g) for g in PROBE], repeats, warmup)
     engine, executor, cfg = build_engine(args, model=model)
@@ -308,16 +289,12 @@ def run_profile(
             f"{r['latency_s'] * 1e3:8.2f} ms",
             flush=True,
         )
-    print(f"  replaying 2 x {replay_requests} synthetic requests for realistic step mixes ...")
+    print(f"  replaying {replay_requests} synthetic requests for realistic step mixes ...")
     # A fresh engine, as every run starts with: the grid has reordered the free
     # blocks, and K/V gathered through scattered block tables cost more on a CPU.
-    for kind in REPLAYS:
-        caching = kind == "burst"  # its shared prompts hit the prefix cache
-        replay_engine, _, _ = build_engine(
-            dataclasses.replace(args, enable_prefix_caching=caching), model=model
-        )
-        rows += measure_replay(replay_engine, replay_requests, cfg.vocab_size, kind=kind)
-        del replay_engine
+    replay_engine, _, _ = build_engine(args, model=model)
+    rows += measure_replay(replay_engine, replay_requests, cfg.vocab_size)
+    del replay_engine
     probes.append(speed_probe(engine, executor, cfg.vocab_size))
     device = executor.device
     header = {

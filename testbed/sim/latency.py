@@ -166,8 +166,7 @@ def nnls(a: np.ndarray, b: np.ndarray, iters: int = 500) -> np.ndarray:
 KNOTS = (2, 8, 32)  # batch sizes where a CPU or GPU GEMM changes regime
 KV_KNOTS = (8192, 32768)  # KV tokens read past which attention outgrows the caches
 PAIR_KNOTS = (2**17, 2**19)  # attention pairs (a 512- and a 1,024-token prefill) likewise
-# Profile rows: realistic steps (two replays) against the grid's points.
-GROUP_WEIGHTS = {"replay": 4.0, "burst": 4.0, "point": 1.0}
+GROUP_WEIGHTS = {"replay": 4.0, "point": 1.0}  # profile rows: realistic steps vs grid
 
 
 def profile_basis(num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv) -> list:
@@ -227,7 +226,7 @@ class ProfileModel:
         if len(table) < x.shape[1]:
             raise ValueError(f"{self.path}: {len(table)} step rows are too few to fit")
         y = table["latency_s"].to_numpy(float)
-        # Relative error. The replays' steps are the mixes real workloads produce, so
+        # Relative error. A replay's steps are the mixes real workloads produce, so
         # together they weigh most; the grid's few points, together a quarter as
         # much, anchor the corners a replay does not reach (and extrapolation).
         w = 1 / y

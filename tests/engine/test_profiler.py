@@ -34,10 +34,8 @@ def test_profile_mode_writes_a_table_with_its_provenance_and_speed_probe(tmp_pat
     assert len(points) == len(GRIDS["quick"])
     assert (points["latency_min_s"] <= points["latency_s"]).all()
     assert (points["latency_s"] <= points["latency_max_s"]).all()
-    for replay in ("replay", "burst"):  # steady arrivals; bursts over shared prompts
-        steps = table[table["grid"] == replay]
-        assert (steps["latency_s"] > 0).all()
-        assert len(steps) > 6  # a step per chunk and decode
+    assert (table[table["grid"] == "replay"]["latency_s"] > 0).all()
+    assert len(table[table["grid"] == "replay"]) > 6  # a step per chunk and decode
     # Decode steps cost more with more requests; the fit's own error is small.
     decodes = points[points["prefill_tokens"] == 0].sort_values("decode_batch")
     assert decodes["latency_s"].is_monotonic_increasing

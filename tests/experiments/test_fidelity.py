@@ -57,7 +57,7 @@ def test_fidelity_script_end_to_end_then_reanalysed_from_its_real_runs(tmp_path,
     assert list(first["policy"]) == ["fcfs (real vs real)", "fcfs"]
     fcfs = first.iloc[1]
     # At the run's own speed the simulation is scaled by exactly the busy-time ratio.
-    assert fcfs["own_speed_factor"] == pytest.approx(1 / (1 + fcfs["step_err_total"]))
+    assert fcfs["own_speed_factor"] == pytest.approx(1 / (1 + fcfs["step_err_total"]), rel=1e-5)
     assert abs(fcfs["own_err_throughput_req_s"]) < 0.2
     (runs,) = (tmp_path / "runs").iterdir()
     again = main("runs2", "--reuse", str(runs))
