@@ -86,9 +86,7 @@ def capacity(common: list[str], out: Path) -> float:
     """The highest arrival rate the engine sustains on this trace, in simulation:
     bisection on the rate for the largest at which throughput keeps up with it
     (>= 95%: a finite trace drains after its last arrival). A burst's throughput
-    would overstate it: a burst runs in batches a steady stream never forms.
-    Where ``out`` already holds the bisection's runs (--reuse of a runs folder
-    without ``rate.json``), it is read off them."""
+    would overstate it: a burst runs in batches a steady stream never forms."""
 
     def keeps_up(rate: float) -> bool:
         rate = round(rate, 4)  # as replayed and named
@@ -96,11 +94,6 @@ def capacity(common: list[str], out: Path) -> float:
         run_from_config(cfg, out / f"capacity-{rate:.4f}")
         return kept_up(out / f"capacity-{rate:.4f}", rate)
 
-    done = sorted(out.glob("capacity-*/metrics.json"))
-    if done:  # measured before (--reuse): the largest rate that kept up
-        rates = [float(m.parent.name.removeprefix("capacity-")) for m in done]
-        up = [r for r, m in zip(rates, done, strict=True) if kept_up(m.parent, r)]
-        return max(up, default=LOWEST_RATE)
     lo, hi = LOWEST_RATE, 2 * LOWEST_RATE
     while keeps_up(hi):
         lo, hi = hi, hi * 2
@@ -319,11 +312,17 @@ def main() -> None:
             *quiet,
             *args.extra,
         ]
-        if reuse is not None and (reuse / trace / "rate.json").exists():
-            rates = json.loads((reuse / trace / "rate.json").read_text())
+        if reuse is not None:  # the rate its real runs were replayed at
+            known = reuse / trace / "rate.json"
+            if not known.exists():
+                raise SystemExit(
+                    f"--reuse: {known} is missing; write the rate the real runs were "
+                    'replayed at: {"capacity_req_s": ..., "rate_req_s": ...}'
+                )
+            rates = json.loads(known.read_text())
             cap, rate = rates["capacity_req_s"], rates["rate_req_s"]
         else:
-            cap = capacity(common, (reuse or runs) / trace)
+            cap = capacity(common, runs / trace)
             rate = round(args.load * cap, 3)
         (runs / trace).mkdir(parents=True, exist_ok=True)
         (runs / trace / "rate.json").write_text(
