@@ -71,6 +71,13 @@ def compose_cfg(overrides: list[str]):
         return compose("config", overrides=overrides)
 
 
+def simulate(overrides: list[str], run_dir: Path, scale: float = 1.0) -> Path:
+    """The simulation of ``overrides``, every step scaled by ``scale``."""
+    scaled = [f"mode.latency_scale={scale:.6f}"] if scale != 1.0 else []
+    run_from_config(compose_cfg([*overrides, "mode=sim", *scaled]), run_dir)
+    return run_dir
+
+
 def kept_up(run_dir: Path, rate: float) -> bool:
     """Whether a run's throughput kept up (>= 95%) with its arrivals. A short
     synthetic trace's arrivals come at their own rate, not the nominal one, so
@@ -90,9 +97,8 @@ def capacity(common: list[str], out: Path) -> float:
 
     def keeps_up(rate: float) -> bool:
         rate = round(rate, 4)  # as replayed and named
-        cfg = compose_cfg([*common, "mode=sim", f"trace.rate={rate:.4f}", "policy=fcfs"])
-        run_from_config(cfg, out / f"capacity-{rate:.4f}")
-        return kept_up(out / f"capacity-{rate:.4f}", rate)
+        run = [*common, f"trace.rate={rate:.4f}", "policy=fcfs"]
+        return kept_up(simulate(run, out / f"capacity-{rate:.4f}"), rate)
 
     lo, hi = LOWEST_RATE, 2 * LOWEST_RATE
     while keeps_up(hi):
@@ -101,13 +107,6 @@ def capacity(common: list[str], out: Path) -> float:
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if keeps_up(mid) else (lo, mid)
     return lo
-
-
-def simulate(overrides: list[str], run_dir: Path, scale: float = 1.0) -> Path:
-    """The simulation of ``overrides``, every step scaled by ``scale``."""
-    scaled = [f"mode.latency_scale={scale:.6f}"] if scale != 1.0 else []
-    run_from_config(compose_cfg([*overrides, "mode=sim", *scaled]), run_dir)
-    return run_dir
 
 
 def compare(sim_dir: Path, real_dir: Path) -> dict:
@@ -131,6 +130,13 @@ def compare(sim_dir: Path, real_dir: Path) -> dict:
     row["e2e_corr"] = float(np.corrcoef(both["e2e_s_sim"], both["e2e_s_real"])[0, 1])
     row["joined_requests"] = len(both)
     return row
+
+
+def scaled_errors(overrides: list[str], run_dir: Path, real: Path, scale: float, prefix: str):
+    """The errors (``<prefix>_err_*``) of a simulation with every step scaled by
+    ``scale`` against the real run ``real``."""
+    errors = compare(simulate(overrides, run_dir, scale), real)
+    return {f"{prefix}_{k}": v for k, v in errors.items() if k.startswith("err_")}
 
 
 def step_errors(real_dir: Path, model) -> dict:
@@ -351,14 +357,16 @@ def main() -> None:
             # is calibrated on the run itself): the simulator's error apart from the
             # machine's drift since it was profiled.
             own_speed = 1 / (1 + steps["step_err_total"])
-            own_err = compare(simulate(both, here / f"{policy}-sim-own-speed", own_speed), real)
             row.update(own_speed_factor=own_speed)
-            row.update({f"own_{k}": v for k, v in own_err.items() if k.startswith("err_")})
+            row.update(
+                scaled_errors(both, here / f"{policy}-sim-own-speed", real, own_speed, "own")
+            )
             if probes:
                 factor = float(np.mean(probes)) / profile_probe(model)
                 row.update(probe_before_s=probes[0], probe_after_s=probes[1], speed_factor=factor)
-                corrected = compare(simulate(both, here / f"{policy}-sim-corrected", factor), real)
-                row.update({f"cor_{k}": v for k, v in corrected.items() if k.startswith("err_")})
+                row.update(
+                    scaled_errors(both, here / f"{policy}-sim-corrected", real, factor, "cor")
+                )
             again = None
             if args.noise and policy == args.policies[0]:  # once per trace
                 name = f"{trace}/{policy}-real-again"
@@ -410,23 +418,7 @@ def main() -> None:
     )
     (out / "fidelity.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=2) + "\n")
     plot(pairs, out / "fidelity.png")
-    print(
-        table[
-            [
-                "trace",
-                "policy",
-                "err_throughput_req_s",
-                "err_tpot_s_mean",
-                "err_e2e_s_mean",
-                "err_ttft_s_p50",
-                "e2e_corr",
-                "step_err_total",
-                "step_err_per_request",
-                "own_err_tpot_s_mean",
-                "own_err_e2e_s_mean",
-            ]
-        ].to_string(index=False)
-    )
+    print(markdown(table))
     if args.wandb != "disabled":
         import wandb
 

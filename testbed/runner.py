@@ -98,19 +98,11 @@ class Progress:
             self.bar.close()
 
 
-# Hardware keys that configure the real engine on it rather than describe the device.
-ENGINE_HARDWARE_KEYS = ("kv_cache_bytes", "threads")
-
-
-def hardware_spec(hardware: Mapping[str, Any]) -> HardwareSpec:
-    return HardwareSpec(**{k: v for k, v in hardware.items() if k not in ENGINE_HARDWARE_KEYS})
-
-
 def latency_model(cfg: DictConfig, spec: ModelSpec | None = None):
     """The simulator's latency model for this config: the profile of its hardware
     and model where one exists, else the roofline model."""
     spec = spec or model_spec(cfg.model)
-    hw = hardware_spec(cfg.hardware)
+    hw = HardwareSpec.from_config(cfg.hardware)
     profiles = Path(cfg.profiles_dir)
     model = make_latency_model(
         spec, hw, cfg.model.dtype, profiles if profiles.is_absolute() else PROJECT_ROOT / profiles
@@ -120,7 +112,7 @@ def latency_model(cfg: DictConfig, spec: ModelSpec | None = None):
 
 
 def simulate(cfg: DictConfig, requests, spec: ModelSpec) -> tuple[Any, dict[str, Any]]:
-    hw = hardware_spec(cfg.hardware)
+    hw = HardwareSpec.from_config(cfg.hardware)
     engine = cfg.engine
     dtype = cfg.model.dtype
     latency = latency_model(cfg, spec)

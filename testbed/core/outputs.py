@@ -63,19 +63,15 @@ class SchedulerOutput:
         ``max_kv`` the most any one request reads (unequal contexts cost more).
         Computed once per step (a simulator's executor and the step log share it)."""
         if self._features is None:
-            pairs = 0.0
-            ends = [req.num_computed_tokens for req in self.requests]  # context + new tokens
-            for end, n in zip(ends, self.num_scheduled_tokens, strict=True):
+            pairs, kv, longest = 0.0, 0, 0
+            for req, n in zip(self.requests, self.num_scheduled_tokens, strict=True):
+                end = req.num_computed_tokens  # context + new tokens
                 pairs += n * (end - n + (n + 1) / 2)
-            kv = sum(ends)
-            longest = max(ends, default=0)
-            self._features = (
-                len(self.requests),
-                self.total_num_scheduled_tokens,
-                pairs,
-                kv,
-                longest,
-            )
+                kv += end
+                if end > longest:
+                    longest = end
+            tokens = self.total_num_scheduled_tokens
+            self._features = (len(self.requests), tokens, pairs, kv, longest)
         return self._features
 
     def samples(self, i: int) -> bool:

@@ -22,9 +22,10 @@ profile table measured on the hardware by the project's profiler.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import pandas as pd
@@ -91,6 +92,15 @@ class HardwareSpec:
     activation_reserve_bytes: float = 0.0
     source: str = ""
 
+    # Keys of a hardware config (conf/hardware/) that configure the real engine
+    # on the device rather than describe it.
+    ENGINE_KEYS: ClassVar[tuple[str, ...]] = ("kv_cache_bytes", "threads")
+
+    @classmethod
+    def from_config(cls, hardware: Mapping[str, Any]) -> HardwareSpec:
+        """The spec of a hardware config group entry, less its engine settings."""
+        return cls(**{k: v for k, v in hardware.items() if k not in cls.ENGINE_KEYS})
+
     def __post_init__(self) -> None:
         for name in (
             "peak_flops",
@@ -124,13 +134,14 @@ class RooflineModel:
         self._s_per_pair = 4 * model.num_layers * model.num_heads * model.head_dim / flops
         self._s_per_kv_token = model.kv_bytes_per_token(dtype) / bw
 
-    def predict(self, num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv=0) -> float:
+    def predict(self, num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv) -> float:
+        # max_kv: a roofline charges work and bytes, not how they are spread
         linear = max(num_tokens * self._s_per_token_flops, self._s_weights)
         attention = max(attn_pairs * self._s_per_pair, kv_tokens * self._s_per_kv_token)
         hw = self.hw
         return hw.step_overhead_s + hw.request_overhead_s * num_reqs + linear + attention
 
-    def predict_many(self, num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv=0):
+    def predict_many(self, num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv):
         linear = np.maximum(num_tokens * self._s_per_token_flops, self._s_weights)
         attention = np.maximum(attn_pairs * self._s_per_pair, kv_tokens * self._s_per_kv_token)
         hw = self.hw
@@ -251,12 +262,8 @@ class ProfileModel:
             total = total + c * b
         return total
 
-    def predict_many(self, num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv):
-        total = 0.0
-        basis = profile_basis(num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv)
-        for c, b in zip(self._coef, basis, strict=True):
-            total = total + c * b
-        return total
+    # The same operations in the same order work on arrays (exact agreement).
+    predict_many = predict
 
 
 class ScaledModel:

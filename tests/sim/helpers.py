@@ -17,8 +17,7 @@ from testbed.core import (
     SchedulerConfig,
 )
 from testbed.models import ModelSpec
-from testbed.runner import hardware_spec
-from testbed.sim import SimExecutor, Simulation, make_latency_model
+from testbed.sim import HardwareSpec, SimExecutor, Simulation, make_latency_model
 
 CONF = "conf"
 
@@ -27,7 +26,7 @@ def latency_model(model: str = "llama3-8b", hardware: str = "h200"):
     m = OmegaConf.to_container(OmegaConf.load(f"{CONF}/model/{model}.yaml"))
     hw = OmegaConf.to_container(OmegaConf.load(f"{CONF}/hardware/{hardware}.yaml"))
     spec = ModelSpec.from_hf_config(m["hf_config"], name=model)
-    return make_latency_model(spec, hardware_spec(hw), m["dtype"], None)
+    return make_latency_model(spec, HardwareSpec.from_config(hw), m["dtype"], None)
 
 
 def random_requests(n: int, rate: float = 5.0, seed: int = 0, shared: bool = True) -> list[Request]:
