@@ -16,6 +16,16 @@ highest rate it sustains, which the simulator finds first by bisection. With
 the two real runs (the machine's own noise floor) is reported beside the errors; with
 ``--profile-first`` the simulator uses a profile measured just before the runs.
 
+On a machine whose speed wanders over minutes (a shared VM: 5-10%), one real
+run and one profile are each a sample of that wander. ``--repeats R`` runs every
+pair R times, in rounds (each policy once per round, so a pair's repeats lie
+far apart), and compares the simulation with their mean (``average_runs``),
+reporting their spread and the error against each run alone;
+``--profile-passes K`` measures the profile in K passes spread evenly over the
+real runs (the first before them, sets the rates; the last after them) and
+simulates with all of them merged (``merge_profiles``): the machine's speed
+averaged over the experiment's window, not a few minutes before it.
+
 Each pair is also simulated at the real run's own speed: every step scaled by
 the ratio of the real run's busy time to the latency model's prediction of the
 same steps (``own_err_*``). That is calibrated on the run itself, so it is not
@@ -57,7 +67,7 @@ sys.path.insert(0, str(ROOT))
 
 from hydra import compose, initialize_config_dir  # noqa: E402
 
-from testbed.profiling.profiler import probe_engine, speed_probe  # noqa: E402
+from testbed.profiling.profiler import merge_profiles, probe_engine, speed_probe  # noqa: E402
 from testbed.runner import engine_args, latency_model, real_model, run_from_config  # noqa: E402
 from traces.transforms import mean_rate  # noqa: E402
 
@@ -243,6 +253,63 @@ def plot(pairs: list[tuple[str, Path, Path]], path: Path) -> None:
     plt.close(fig)
 
 
+def average_runs(reals: list[Path], out: Path) -> Path:
+    """Repeated real runs of one pair as one run folder: every numeric metric the
+    mean of the runs' (so a p50 is the mean of their p50s), every request's
+    numeric columns the mean of its runs, and all their steps, so that
+    :func:`compare` and :func:`step_errors` read it like any run. On a machine
+    whose speed wanders, the mean of repeats is what a prediction can match."""
+    metrics = [json.loads((r / "metrics.json").read_text()) for r in reals]
+    merged = dict(metrics[0])
+    for key, value in metrics[0].items():
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            merged[key] = float(np.mean([m[key] for m in metrics]))
+    merged["averaged_runs"] = [r.name for r in reals]
+    requests = [pd.read_csv(r / "requests.csv") for r in reals]
+    numeric = requests[0].select_dtypes("number").columns
+    mean = pd.concat(requests).groupby("request_id", sort=False)[list(numeric)].mean()
+    first = requests[0].set_index("request_id")
+    first[list(numeric)] = mean.loc[first.index, list(numeric)]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.json").write_text(json.dumps(merged, indent=2) + "\n")
+    first.reset_index().to_csv(out / "requests.csv", index=False)
+    steps = pd.concat([pd.read_csv(r / "steps.csv").assign(run=i) for i, r in enumerate(reals)])
+    steps.to_csv(out / "steps.csv", index=False)
+    return out
+
+
+SPREAD = ("throughput_req_s", "tpot_s_mean", "e2e_s_mean", "ttft_s_p50")
+
+
+def repeat_spread(sim: Path, reals: list[Path]) -> dict:
+    """How far repeated real runs of one pair are apart (``real_spread_*``:
+    (max - min) / mean), and the simulation's error against each of them alone
+    (``err_min_*``, ``err_max_*``)."""
+    metrics = [json.loads((r / "metrics.json").read_text()) for r in reals]
+    ms = json.loads((sim / "metrics.json").read_text())
+    row: dict = {"real_runs": len(reals)}
+    for key in SPREAD:
+        values = np.array([m[key] for m in metrics], float)
+        row[f"real_spread_{key}"] = float(np.ptp(values) / values.mean())
+        errors = ms[key] / values - 1
+        row[f"err_min_{key}"], row[f"err_max_{key}"] = float(errors.min()), float(errors.max())
+    return row
+
+
+def run_name(policy: str, repeat: int) -> str:
+    """The folder of a pair's ``repeat``-th real run (0-based)."""
+    return f"{policy}-real" if repeat == 0 else f"{policy}-real-{repeat + 1}"
+
+
+def spread_evenly(passes: int, runs: int) -> list[int]:
+    """Before which real runs (``runs``: after the last) ``passes`` profiler
+    passes go: the first before any run, the last after all, the rest between,
+    evenly."""
+    if passes == 1:
+        return [0]
+    return [round(i * runs / (passes - 1)) for i in range(passes)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--policies", nargs="+", default=["fcfs", "sjf", "priority", "vtc"])
@@ -254,7 +321,19 @@ def main() -> None:
     ap.add_argument("--runs", default=str(ROOT / "outputs/fidelity"))
     ap.add_argument("--extra", nargs="*", default=[], help="more Hydra overrides for both modes")
     ap.add_argument("--wandb", default="offline", choices=["offline", "online", "disabled"])
-    ap.add_argument("--noise", action="store_true", help="repeat each trace's first real run")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="real runs per pair, in rounds (every policy once per round); the "
+        "simulation is compared with their mean, and their spread is reported",
+    )
+    ap.add_argument(
+        "--noise",
+        action="store_true",
+        help="run each trace's first policy at least twice and report the two real "
+        "runs against each other",
+    )
     ap.add_argument(
         "--speed-probe",
         action="store_true",
@@ -268,6 +347,21 @@ def main() -> None:
         "with it (on a machine whose speed drifts, calibrate just before)",
     )
     ap.add_argument(
+        "--profile-passes",
+        type=int,
+        default=0,
+        metavar="K",
+        help="measure the profile in K passes spread evenly over the real runs "
+        "(the first before them, the last after) and simulate with all K merged; "
+        "the rates are set with the first pass",
+    )
+    ap.add_argument(
+        "--profile-extra",
+        nargs="*",
+        default=[],
+        help="Hydra overrides for the profiler passes alone (e.g. mode.repeats=3)",
+    )
+    ap.add_argument(
         "--reuse",
         metavar="RUNS_DIR",
         help="take the real runs (and the profile, if it measured one and --extra "
@@ -275,37 +369,57 @@ def main() -> None:
         "running them again: re-simulate and re-analyse only",
     )
     args = ap.parse_args()
+    if args.repeats < 1 or args.profile_passes < 0:
+        raise SystemExit("--repeats must be >= 1 and --profile-passes >= 0")
     out, runs = Path(args.out), Path(args.runs) / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     reuse = Path(args.reuse) if args.reuse else None
     quiet = ["logging=disabled", "progress=false", "plots=false"]
     own_profiles = any(x.startswith("profiles_dir=") for x in args.extra)
+    passes = args.profile_passes or (1 if args.profile_first else 0)
+    if reuse is not None or own_profiles:
+        passes = 0  # the reused runs' profile, or the one --extra names
+    pass_files: list[Path] = []
+
+    def profile_pass() -> None:
+        """One profiler pass, merged with the earlier ones into runs/profiles."""
+        k = len(pass_files)
+        print(f"profiler pass {k + 1} of {passes} ...", flush=True)
+        d = runs / "profile-passes" / str(k + 1)
+        overrides = ["mode=profile", f"profiles_dir={d}", *args.extra, *args.profile_extra]
+        run_from_config(compose_cfg(overrides))
+        (path,) = d.glob("*/*.csv")
+        pass_files.append(path)
+        merge_profiles(pass_files, runs / "profiles" / path.parent.name / path.name)
+
     if reuse is not None and (reuse / "profiles").is_dir() and not own_profiles:
         quiet.append(f"profiles_dir={(reuse / 'profiles').resolve()}")
-    elif args.profile_first:
-        profiles = runs / "profiles"
-        run_from_config(compose_cfg(["mode=profile", f"profiles_dir={profiles}", *args.extra]))
-        quiet.append(f"profiles_dir={profiles}")
+    elif passes:
+        profile_pass()
+        quiet.append(f"profiles_dir={runs / 'profiles'}")
+    probes: dict[str, list[float]] = {}
     if args.speed_probe:
         base = compose_cfg([*quiet, *args.extra])
         probe_setup = probe_engine(engine_args(base), model=real_model(base))
 
-        def probe() -> float:
-            return speed_probe(*probe_setup)
-
-    def real_run(cfg, name: str, needed: bool = True) -> Path | None:
+    def real_run(overrides: list[str], name: str, repeat: int) -> Path:
         """The real run ``name`` (e.g. trace/fcfs-real), or the reused one."""
         if reuse is not None:
-            if (reuse / name / "metrics.json").exists():
-                return reuse / name
-            if needed:
+            found = reuse / name
+            if repeat == 1 and not (found / "metrics.json").exists():
+                found = reuse / f"{name.rsplit('-', 1)[0]}-again"  # as --noise named it
+            if not (found / "metrics.json").exists():
                 raise SystemExit(f"--reuse: {reuse / name} holds no finished real run")
-            print(f"--reuse: {reuse / name} holds no finished real run; left out")
-            return None
-        run_from_config(cfg, runs / name)
+            return found
+        if args.speed_probe:
+            probes.setdefault(name, []).append(speed_probe(*probe_setup))
+        run_from_config(compose_cfg([*overrides, "mode=real"]), runs / name)
+        if args.speed_probe:
+            probes[name].append(speed_probe(*probe_setup))
         return runs / name
 
-    rows, pairs = [], []
+    # The rates: each trace at --load of its capacity in simulation.
+    plans = []
     for spec in args.traces:
         # "name" or "name:option=value,option=value" (trace options for that trace only)
         trace, _, opts = spec.partition(":")
@@ -335,13 +449,41 @@ def main() -> None:
             json.dumps(dict(capacity_req_s=cap, rate_req_s=rate)) + "\n"
         )
         print(f"{trace}: capacity {cap:.3f} req/s in simulation; replaying at {rate} req/s")
+        plans.append((trace, cap, rate, common))
+
+    # The real runs, in rounds (each policy once per round, so a pair's repeats
+    # are spread over the experiment), with the profiler passes between them.
+    schedule = []
+    for trace, *_ in plans:
+        for repeat in range(args.repeats):
+            for policy in args.policies:
+                schedule.append((trace, policy, repeat))
+        if args.noise and args.repeats == 1:
+            schedule.append((trace, args.policies[0], 1))
+    before = spread_evenly(passes, len(schedule))[1:] if passes else []
+    reals: dict[tuple[str, str], list[Path]] = {}
+    for i, (trace, policy, repeat) in enumerate(schedule):
+        while before and before[0] <= i:
+            before.pop(0)
+            profile_pass()
+        _, _, rate, common = next(plan for plan in plans if plan[0] == trace)
+        both = [*common, f"policy={policy}", f"trace.rate={rate}"]
+        name = f"{trace}/{run_name(policy, repeat)}"
+        reals.setdefault((trace, policy), []).append(real_run(both, name, repeat))
+    for _ in before:
+        profile_pass()
+
+    rows, pairs = [], []
+    for trace, cap, rate, common in plans:
+        here = runs / trace
         for policy in args.policies:
             both = [*common, f"policy={policy}", f"trace.rate={rate}"]
-            here = runs / trace
             model = latency_model(compose_cfg([*both, "mode=sim"]))  # the simulation's fit
-            probes = [probe()] if args.speed_probe else []
-            real = real_run(compose_cfg([*both, "mode=real"]), f"{trace}/{policy}-real")
-            probes += [probe()] if args.speed_probe else []
+            repeats = reals[(trace, policy)]
+            measured = repeats[: args.repeats]  # a --noise run is not a repeat
+            real = measured[0]
+            if len(measured) > 1:
+                real = average_runs(measured, here / f"{policy}-real-mean")
             sim = simulate(both, here / f"{policy}-sim")
             steps = step_errors(real, model)
             row = dict(
@@ -352,6 +494,8 @@ def main() -> None:
                 **compare(sim, real),
                 **steps,
             )
+            if len(measured) > 1:
+                row.update(repeat_spread(sim, measured))
             # At the real run's own speed: every step scaled by how much slower the
             # machine ran its steps than the profile predicts. Not a prediction (it
             # is calibrated on the run itself): the simulator's error apart from the
@@ -361,24 +505,21 @@ def main() -> None:
             row.update(
                 scaled_errors(both, here / f"{policy}-sim-own-speed", real, own_speed, "own")
             )
-            if probes:
-                factor = float(np.mean(probes)) / profile_probe(model)
-                row.update(probe_before_s=probes[0], probe_after_s=probes[1], speed_factor=factor)
+            around = [p for r in measured for p in probes.get(f"{trace}/{r.name}", [])]
+            if around:
+                factor = float(np.mean(around)) / profile_probe(model)
+                row.update(probe_before_s=around[0], probe_after_s=around[-1], speed_factor=factor)
                 row.update(
                     scaled_errors(both, here / f"{policy}-sim-corrected", real, factor, "cor")
                 )
-            again = None
-            if args.noise and policy == args.policies[0]:  # once per trace
-                name = f"{trace}/{policy}-real-again"
-                again = real_run(compose_cfg([*both, "mode=real"]), name, needed=False)
-            if again is not None:
+            if len(repeats) > 1 and policy == args.policies[0]:  # the noise floor
                 rows.append(
                     dict(
                         trace=trace,
                         policy=f"{policy} (real vs real)",
                         rate_req_s=rate,
                         capacity_req_s=cap,
-                        **compare(again, real),  # the same real run, twice
+                        **compare(repeats[1], repeats[0]),  # the same real run, twice
                     )
                 )
             rows.append(row)
@@ -391,13 +532,20 @@ def main() -> None:
                 f"{row['step_err_per_request']:+.1%} (per request), "
                 f"{row['step_err_median']:+.1%} (median step)"
             )
+            if len(measured) > 1:
+                print(
+                    f"    against the mean of {len(measured)} real runs, which spread "
+                    f"{row['real_spread_tpot_s_mean']:.1%} in TPOT mean; against each alone: "
+                    f"TPOT mean {row['err_min_tpot_s_mean']:+.1%} to "
+                    f"{row['err_max_tpot_s_mean']:+.1%}"
+                )
             print(
                 f"    at the run's own speed (x{own_speed:.3f}): "
                 f"TPOT mean {row['own_err_tpot_s_mean']:+.1%}, "
                 f"E2E mean {row['own_err_e2e_s_mean']:+.1%}, "
                 f"TTFT p50 {row['own_err_ttft_s_p50']:+.1%}"
             )
-            if probes:
+            if around:
                 print(
                     f"    machine {row['speed_factor']:.3f}x its profiled step time; corrected: "
                     f"TPOT mean {row['cor_err_tpot_s_mean']:+.1%}, "
@@ -415,6 +563,8 @@ def main() -> None:
         extra=args.extra,
         runs=str(runs.relative_to(ROOT)) if runs.is_relative_to(ROOT) else str(runs),
         reused_real_runs=str(reuse) if reuse else None,
+        repeats=args.repeats,
+        profile_passes=passes,
     )
     (out / "fidelity.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=2) + "\n")
     plot(pairs, out / "fidelity.png")

@@ -25,7 +25,7 @@ import torch
 
 from testbed.core import Request, SamplingParams
 from testbed.engine.llm import EngineArgs, build_engine
-from testbed.sim.latency import FEATURES, step_features
+from testbed.sim.latency import FEATURES, read_profile_header, step_features
 
 GRIDS = {
     # (decode batch, decode context, prefill tokens) per point
@@ -332,3 +332,34 @@ def write_profile(path: Path, header: dict, table: pd.DataFrame) -> None:
         for k, v in header.items():
             f.write(f"# {k}: {v}\n")
         table.to_csv(f, index=False, float_format="%.9g")
+
+
+def merge_profiles(paths: list[Path], out: Path) -> Path:
+    """One profile from several passes of the profiler over the same engine,
+    measured at different times: every pass's rows (column ``pass``), so the fit
+    averages the machine's speed over the passes. On a machine whose speed
+    wanders over minutes (a shared VM), passes spread over an experiment's
+    window predict that window better than one pass taken at its start."""
+    if not paths:
+        raise ValueError("merge_profiles: no profiles to merge")
+    headers = [read_profile_header(Path(p)) for p in paths]
+    for key in ("hardware", "model", "dtype", "block_size", "attention_backend"):
+        seen = {h.get(key) for h in headers}
+        if len(seen) > 1:
+            differ = sorted(map(str, seen))
+            raise ValueError(f"merge_profiles: the passes differ in {key}: {differ}")
+    tables = [pd.read_csv(p, comment="#").assign(**{"pass": i}) for i, p in enumerate(paths)]
+    probes = [float(h["speed_probe_s"].split()[0]) for h in headers if "speed_probe_s" in h]
+    header = dict(headers[0])
+    header.update(
+        passes=len(paths),
+        date=f"{headers[0].get('date', '?')} to {headers[-1].get('date', '?')}",
+        pass_dates=", ".join(h.get("date", "?") for h in headers),
+    )
+    if probes:
+        header["speed_probe_s"] = (
+            f"{statistics.fmean(probes):.6g} (passes: {', '.join(f'{p:.6g}' for p in probes)})"
+        )
+    header["measured_by"] = f"{headers[0].get('measured_by', '?')}; {len(paths)} passes merged"
+    write_profile(out, header, pd.concat(tables, ignore_index=True))
+    return out
