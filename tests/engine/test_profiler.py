@@ -40,3 +40,52 @@ def test_profile_mode_writes_a_table_with_its_provenance_and_speed_probe(tmp_pat
     decodes = points[points["prefill_tokens"] == 0].sort_values("decode_batch")
     assert decodes["latency_s"].is_monotonic_increasing
     assert ProfileModel(path).fit_rel_error < 0.25
+
+
+def test_merged_passes_fit_the_mean_speed_and_keep_every_row(tmp_path):
+    """Passes measured at different times merge into one table whose fit lies
+    between theirs: the machine's speed averaged over the passes."""
+    import numpy as np
+
+    from testbed.profiling.profiler import merge_profiles, write_profile
+
+    rng = np.random.default_rng(1)
+    reqs = rng.integers(1, 64, 40)
+    tokens = reqs * rng.integers(1, 64, 40)
+    rows = pd.DataFrame(
+        dict(
+            kind="step",
+            grid="replay",
+            num_reqs=reqs,
+            num_tokens=tokens,
+            attn_pairs=tokens * 300,
+            kv_tokens=reqs * 300,
+            max_kv=300,
+        )
+    )
+    base = 2e-3 + 1e-4 * reqs + 2e-5 * tokens
+    paths = []
+    for i, (speed, probe) in enumerate(((1.0, 0.09), (1.1, 0.099))):
+        header = dict(
+            device="test", hardware="cpu1", model="m", dtype="float32", block_size=16,
+            attention_backend="ref", date=f"2026-11-30 0{i}:00:00 UTC",
+            speed_probe_s=f"{probe} ({probe}, {probe})", measured_by="test",
+        )  # fmt: skip
+        paths.append(tmp_path / str(i) / "cpu1" / "m.csv")
+        write_profile(paths[-1], header, rows.assign(latency_s=base * speed))
+    merged = merge_profiles(paths, tmp_path / "merged" / "cpu1" / "m.csv")
+    header = read_profile_header(merged)
+    assert header["passes"] == "2" and "01:00:00" in header["pass_dates"]
+    assert float(header["speed_probe_s"].split()[0]) == pytest.approx(0.0945)
+    table = pd.read_csv(merged, comment="#")
+    assert len(table) == 2 * len(rows) and sorted(table["pass"].unique()) == [0, 1]
+    features = (32, 512, 512 * 300, 32 * 300, 300)
+    fast, slow, mean = (ProfileModel(p).predict(*features) for p in (*paths, merged))
+    assert slow == pytest.approx(1.1 * fast, rel=1e-3)
+    assert fast < mean < slow and mean == pytest.approx(1.05 * fast, rel=0.01)
+    other = tmp_path / "other" / "cpu" / "m.csv"
+    write_profile(
+        other, dict(read_profile_header(paths[0]), hardware="cpu"), rows.assign(latency_s=base)
+    )
+    with pytest.raises(ValueError, match="differ in hardware"):
+        merge_profiles([paths[0], other], tmp_path / "bad.csv")

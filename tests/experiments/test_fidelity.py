@@ -47,23 +47,36 @@ def test_fidelity_script_end_to_end_then_reanalysed_from_its_real_runs(tmp_path,
     from experiments import fidelity
 
     def main(runs: str, *args: str) -> pd.DataFrame:
-        argv = ["fidelity.py", "--policies", "fcfs", "--traces", "synthetic", "--noise"]
+        argv = ["fidelity.py", "--policies", "fcfs", "--traces", "synthetic"]
         argv += ["--num-requests", "12", "--wandb", "disabled", "--out", str(tmp_path / "out")]
         monkeypatch.setattr("sys.argv", [*argv, "--runs", str(tmp_path / runs), *args])
         fidelity.main()
         return pd.read_csv(tmp_path / "out" / "fidelity.csv")
 
-    first = main("runs")
+    first = main("runs", "--repeats", "2")
     assert list(first["policy"]) == ["fcfs (real vs real)", "fcfs"]
     fcfs = first.iloc[1]
-    # At the run's own speed the simulation is scaled by exactly the busy-time ratio.
+    # Compared with the mean of two real runs, which lies between the two.
+    (runs,) = (tmp_path / "runs").iterdir()
+    reals = [runs / "synthetic" / name for name in ("fcfs-real", "fcfs-real-2")]
+    tpot = [json.loads((r / "metrics.json").read_text())["tpot_s_mean"] for r in reals]
+    assert fcfs["real_runs"] == 2 and fcfs["real_tpot_s_mean"] == pytest.approx(sum(tpot) / 2)
+    assert fcfs["real_spread_tpot_s_mean"] == pytest.approx(
+        abs(tpot[0] - tpot[1]) / fcfs["real_tpot_s_mean"]
+    )
+    assert fcfs["err_min_tpot_s_mean"] <= fcfs["err_tpot_s_mean"] <= fcfs["err_max_tpot_s_mean"]
+    # At the runs' own speed the simulation is scaled by exactly the busy-time ratio.
     assert fcfs["own_speed_factor"] == pytest.approx(1 / (1 + fcfs["step_err_total"]), rel=1e-5)
     assert abs(fcfs["own_err_throughput_req_s"]) < 0.2
-    (runs,) = (tmp_path / "runs").iterdir()
-    again = main("runs2", "--reuse", str(runs))
+    again = main("runs2", "--repeats", "2", "--reuse", str(runs))
     # Nothing real ran again; the same real runs give the same comparison.
     (runs2,) = (tmp_path / "runs2").iterdir()
-    assert not list(runs2.glob("*/*-real*"))
+    assert not [p for p in runs2.glob("*/*-real*") if not p.name.endswith("-mean")]
     pd.testing.assert_frame_equal(first, again)
     table = (tmp_path / "out" / "fidelity.md").read_text().splitlines()
     assert len(table) == 2 + len(again) and table[3].startswith("| synthetic | fcfs |")
+    # One repeat and --noise: the first run alone, the second as the noise floor.
+    noise = main("runs3", "--noise", "--reuse", str(runs))
+    assert noise.iloc[0]["err_tpot_s_mean"] == first.iloc[0]["err_tpot_s_mean"]
+    assert "real_runs" not in noise.columns
+    assert noise.iloc[1]["real_tpot_s_mean"] == pytest.approx(tpot[0])
