@@ -24,7 +24,11 @@ reporting their spread and the error against each run alone;
 ``--profile-passes K`` measures the profile in K passes spread evenly over the
 real runs (the first before them, sets the rates; the last after them) and
 simulates with all of them merged (``merge_profiles``): the machine's speed
-averaged over the experiment's window, not a few minutes before it.
+averaged over the experiment's window, not a few minutes before it. With two
+passes or more each pair is also simulated once per pass and those metrics
+averaged (``pass_err_*``): a burst amplifies a slow spell more than a fast one
+shortens it, so the mean over sampled speeds exceeds the simulation at the
+mean speed.
 
 Each pair is also simulated at the real run's own speed: every step scaled by
 the ratio of the real run's busy time to the latency model's prediction of the
@@ -197,8 +201,11 @@ MARKDOWN = {  # column: heading, for the summary table
     "err_e2e_s_mean": "E2E mean",
     "err_ttft_s_p50": "TTFT p50",
     "e2e_corr": "E2E corr",
+    "real_spread_tpot_s_mean": "real runs' spread, TPOT mean",
     "step_err_total": "steps (busy time)",
     "step_err_per_request": "steps (per request)",
+    "pass_err_tpot_s_mean": "TPOT mean, per-pass sims",
+    "pass_err_e2e_s_mean": "E2E mean, per-pass sims",
     "own_err_tpot_s_mean": "TPOT mean, own speed",
     "own_err_e2e_s_mean": "E2E mean, own speed",
     "own_err_ttft_s_p50": "TTFT p50, own speed",
@@ -397,6 +404,8 @@ def main() -> None:
     elif passes:
         profile_pass()
         quiet.append(f"profiles_dir={runs / 'profiles'}")
+    # The profiler passes, each alone (for the per-pass simulations).
+    passes_from = runs if passes else reuse if reuse is not None and not own_profiles else None
     probes: dict[str, list[float]] = {}
     if args.speed_probe:
         base = compose_cfg([*quiet, *args.extra])
@@ -473,6 +482,10 @@ def main() -> None:
     for _ in before:
         profile_pass()
 
+    pass_dirs = []
+    if passes_from is not None:
+        pass_dirs = sorted((passes_from / "profile-passes").glob("*"), key=lambda d: int(d.name))
+        pass_dirs = [d.resolve() for d in pass_dirs]
     rows, pairs = [], []
     for trace, cap, rate, common in plans:
         here = runs / trace
@@ -496,6 +509,24 @@ def main() -> None:
             )
             if len(measured) > 1:
                 row.update(repeat_spread(sim, measured))
+            if len(pass_dirs) > 1:
+                # One simulation per profiler pass, their metrics averaged: the
+                # expectation over the speeds the passes sampled. A burst amplifies
+                # slower steps more than faster ones shorten it, so this mean is
+                # not the simulation at the passes' mean speed (the merged fit).
+                base = [o for o in both if not o.startswith("profiles_dir=")]
+                sims = [
+                    simulate([*base, f"profiles_dir={d}"], here / f"{policy}-sim-pass{k + 1}")
+                    for k, d in enumerate(pass_dirs)
+                ]
+                ensemble = average_runs(sims, here / f"{policy}-sim-passes")
+                row.update(
+                    {
+                        f"pass_{k}": v
+                        for k, v in compare(ensemble, real).items()
+                        if k.startswith("err_")
+                    }
+                )
             # At the real run's own speed: every step scaled by how much slower the
             # machine ran its steps than the profile predicts. Not a prediction (it
             # is calibrated on the run itself): the simulator's error apart from the
@@ -539,6 +570,13 @@ def main() -> None:
                     f"TPOT mean {row['err_min_tpot_s_mean']:+.1%} to "
                     f"{row['err_max_tpot_s_mean']:+.1%}"
                 )
+            if len(pass_dirs) > 1:
+                print(
+                    f"    mean of {len(pass_dirs)} simulations, one per profiler pass: "
+                    f"TPOT mean {row['pass_err_tpot_s_mean']:+.1%}, "
+                    f"E2E mean {row['pass_err_e2e_s_mean']:+.1%}, "
+                    f"TTFT p50 {row['pass_err_ttft_s_p50']:+.1%}"
+                )
             print(
                 f"    at the run's own speed (x{own_speed:.3f}): "
                 f"TPOT mean {row['own_err_tpot_s_mean']:+.1%}, "
@@ -564,7 +602,7 @@ def main() -> None:
         runs=str(runs.relative_to(ROOT)) if runs.is_relative_to(ROOT) else str(runs),
         reused_real_runs=str(reuse) if reuse else None,
         repeats=args.repeats,
-        profile_passes=passes,
+        profile_passes=len(pass_dirs),
     )
     (out / "fidelity.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=2) + "\n")
     plot(pairs, out / "fidelity.png")

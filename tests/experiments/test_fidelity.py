@@ -1,7 +1,9 @@
 """A small, tolerant sim-vs-real check: a change that breaks calibration shows here.
 
-The committed CPU profile was measured on one 2-core machine; CI runs on another
-of the same kind, so the bounds are loose (the full experiment's targets are 5%
+The committed one-thread CPU profile (``hardware=cpu1``: on two threads a 2-core
+VM's speed jumps between levels, and a busy spell once slowed such a run 2x) was
+measured on one 2-core machine; CI runs on another of the same kind, so the
+bounds are loose (the full experiment's targets are 5%
 and 10%: experiments/fidelity.py). A profile off by 2x, a latency model that
 ignores the batch, or a simulator that stamps tokens wrongly fails it.
 """
@@ -18,6 +20,7 @@ from testbed.runner import latency_model
 from tests.sim.test_runs import compose_cfg, run_from_config
 
 SHORT = [
+    "hardware=cpu1",
     "trace.num_requests=40",
     "trace.rate=4",
     "logging=disabled",
@@ -30,7 +33,7 @@ def test_sim_predicts_the_real_engine_on_a_short_trace(tmp_path):
     for mode in ("sim", "real"):
         run_from_config(compose_cfg(f"mode={mode}", *SHORT), tmp_path / mode)
     sim = json.loads((tmp_path / "sim" / "metrics.json").read_text())
-    assert sim["latency_model"] == "profile"  # the committed CPU profile is in use
+    assert sim["latency_model"] == "profile"  # the committed cpu1 profile is in use
     err = compare(tmp_path / "sim", tmp_path / "real")
     assert abs(err["err_throughput_req_s"]) < 0.15, err
     assert abs(err["err_tpot_s_mean"]) < 0.35, err
@@ -60,9 +63,11 @@ def test_fidelity_script_end_to_end_then_reanalysed_from_its_real_runs(tmp_path,
     (runs,) = (tmp_path / "runs").iterdir()
     reals = [runs / "synthetic" / name for name in ("fcfs-real", "fcfs-real-2")]
     tpot = [json.loads((r / "metrics.json").read_text())["tpot_s_mean"] for r in reals]
-    assert fcfs["real_runs"] == 2 and fcfs["real_tpot_s_mean"] == pytest.approx(sum(tpot) / 2)
+    assert fcfs["real_runs"] == 2 and fcfs["real_tpot_s_mean"] == pytest.approx(
+        sum(tpot) / 2, rel=1e-5
+    )
     assert fcfs["real_spread_tpot_s_mean"] == pytest.approx(
-        abs(tpot[0] - tpot[1]) / fcfs["real_tpot_s_mean"]
+        abs(tpot[0] - tpot[1]) / fcfs["real_tpot_s_mean"], rel=1e-4
     )
     assert fcfs["err_min_tpot_s_mean"] <= fcfs["err_tpot_s_mean"] <= fcfs["err_max_tpot_s_mean"]
     # At the runs' own speed the simulation is scaled by exactly the busy-time ratio.
@@ -79,4 +84,21 @@ def test_fidelity_script_end_to_end_then_reanalysed_from_its_real_runs(tmp_path,
     noise = main("runs3", "--noise", "--reuse", str(runs))
     assert noise.iloc[0]["err_tpot_s_mean"] == first.iloc[0]["err_tpot_s_mean"]
     assert "real_runs" not in noise.columns
-    assert noise.iloc[1]["real_tpot_s_mean"] == pytest.approx(tpot[0])
+    assert noise.iloc[1]["real_tpot_s_mean"] == pytest.approx(tpot[0], rel=1e-5)
+    # Profiler passes at two speeds: one simulation per pass, their metrics averaged.
+    from testbed.profiling.profiler import write_profile
+    from testbed.sim.latency import read_profile_header
+
+    committed = fidelity.ROOT / "profiles" / "cpu" / "dummy-llama.csv"
+    table = pd.read_csv(committed, comment="#")
+    for k, speed in ((1, 1.0), (2, 1.3)):
+        path = runs / "profile-passes" / str(k) / "cpu" / "dummy-llama.csv"
+        slower = table.assign(latency_s=table["latency_s"] * speed)
+        write_profile(path, read_profile_header(committed), slower)
+    passes = main("runs4", "--reuse", str(runs)).iloc[0]
+    (runs4,) = (tmp_path / "runs4").iterdir()
+    sims = [runs4 / "synthetic" / f"fcfs-sim-pass{k}" / "metrics.json" for k in (1, 2)]
+    tpot = [json.loads(p.read_text())["tpot_s_mean"] for p in sims]
+    assert tpot[1] > 1.2 * tpot[0]
+    expected = (tpot[0] + tpot[1]) / 2 / passes["real_tpot_s_mean"] - 1
+    assert passes["pass_err_tpot_s_mean"] == pytest.approx(expected, rel=1e-4)
