@@ -411,14 +411,16 @@ def main() -> None:
         base = compose_cfg([*quiet, *args.extra])
         probe_setup = probe_engine(engine_args(base), model=real_model(base))
 
-    def real_run(overrides: list[str], name: str, repeat: int) -> Path:
-        """The real run ``name`` (e.g. trace/fcfs-real), or the reused one."""
+    def real_run(overrides: list[str], name: str, repeat: int) -> Path | None:
+        """The real run ``name`` (e.g. trace/fcfs-real), or the reused one (None
+        where the reused folder has none)."""
         if reuse is not None:
             found = reuse / name
             if repeat == 1 and not (found / "metrics.json").exists():
                 found = reuse / f"{name.rsplit('-', 1)[0]}-again"  # as --noise named it
             if not (found / "metrics.json").exists():
-                raise SystemExit(f"--reuse: {reuse / name} holds no finished real run")
+                print(f"--reuse: {reuse / name} holds no real run; left out")
+                return None
             return found
         if args.speed_probe:
             probes.setdefault(name, []).append(speed_probe(*probe_setup))
@@ -469,18 +471,38 @@ def main() -> None:
                 schedule.append((trace, policy, repeat))
         if args.noise and args.repeats == 1:
             schedule.append((trace, args.policies[0], 1))
+    # An interrupted real run (Ctrl-C: it writes its files, marked partial) ends
+    # the experiment; what finished before it is still analysed and written.
     before = spread_evenly(passes, len(schedule))[1:] if passes else []
     reals: dict[tuple[str, str], list[Path]] = {}
-    for i, (trace, policy, repeat) in enumerate(schedule):
-        while before and before[0] <= i:
-            before.pop(0)
-            profile_pass()
-        _, _, rate, common = next(plan for plan in plans if plan[0] == trace)
-        both = [*common, f"policy={policy}", f"trace.rate={rate}"]
-        name = f"{trace}/{run_name(policy, repeat)}"
-        reals.setdefault((trace, policy), []).append(real_run(both, name, repeat))
-    for _ in before:
-        profile_pass()
+    interrupted = False
+    try:
+        for i, (trace, policy, repeat) in enumerate(schedule):
+            while before and before[0] <= i:
+                before.pop(0)
+                profile_pass()
+            _, _, rate, common = next(plan for plan in plans if plan[0] == trace)
+            both = [*common, f"policy={policy}", f"trace.rate={rate}"]
+            name = f"{trace}/{run_name(policy, repeat)}"
+            run = real_run(both, name, repeat)
+            if run is None:
+                continue
+            if json.loads((run / "metrics.json").read_text()).get("partial"):
+                print(f"{run} did not finish (partial): left out")
+                if reuse is None:
+                    interrupted = True
+                    break
+                continue
+            reals.setdefault((trace, policy), []).append(run)
+        else:
+            for _ in before:
+                profile_pass()
+    except KeyboardInterrupt:
+        interrupted = True
+    if interrupted:
+        print("interrupted: no more real runs; analysing the finished ones")
+    if not reals:
+        raise SystemExit("no finished real run to compare with")
 
     pass_dirs = []
     if passes_from is not None:
@@ -492,7 +514,10 @@ def main() -> None:
         for policy in args.policies:
             both = [*common, f"policy={policy}", f"trace.rate={rate}"]
             model = latency_model(compose_cfg([*both, "mode=sim"]))  # the simulation's fit
-            repeats = reals[(trace, policy)]
+            repeats = reals.get((trace, policy), [])
+            if not repeats:
+                print(f"  {trace}/{policy}: no finished real run; left out")
+                continue
             measured = repeats[: args.repeats]  # a --noise run is not a repeat
             real = measured[0]
             if len(measured) > 1:
@@ -603,6 +628,7 @@ def main() -> None:
         reused_real_runs=str(reuse) if reuse else None,
         repeats=args.repeats,
         profile_passes=len(pass_dirs),
+        interrupted=interrupted,
     )
     (out / "fidelity.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=2) + "\n")
     plot(pairs, out / "fidelity.png")

@@ -3,9 +3,10 @@
 The committed one-thread CPU profile (``hardware=cpu1``: on two threads a 2-core
 VM's speed jumps between levels, and a busy spell once slowed such a run 2x) was
 measured on one 2-core machine; CI runs on another of the same kind, so the
-bounds are loose (the full experiment's targets are 5%
-and 10%: experiments/fidelity.py). A profile off by 2x, a latency model that
-ignores the batch, or a simulator that stamps tokens wrongly fails it.
+bounds on the predictions are loose (the full experiment's targets are 5% and
+10%: experiments/fidelity.py), and the simulator is held tighter at the run's
+own speed. A profile off by 2x, a latency model that ignores the batch, or a
+simulator that stamps tokens wrongly fails it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import json
 import pandas as pd
 import pytest
 
-from experiments.fidelity import compare, step_errors
+from experiments.fidelity import compare, scaled_errors, step_errors
 from testbed.runner import latency_model
 from tests.sim.test_runs import compose_cfg, run_from_config
 
@@ -36,14 +37,25 @@ def test_sim_predicts_the_real_engine_on_a_short_trace(tmp_path):
     assert sim["latency_model"] == "profile"  # the committed cpu1 profile is in use
     err = compare(tmp_path / "sim", tmp_path / "real")
     assert abs(err["err_throughput_req_s"]) < 0.15, err
-    assert abs(err["err_tpot_s_mean"]) < 0.35, err
-    assert abs(err["err_e2e_s_mean"]) < 0.35, err
+    # A burst amplifies the machine's drift since profiling (this VM: 10-20% within
+    # an hour) several times in the mean latencies: loose bounds here, tight ones
+    # at the run's own speed below.
+    assert abs(err["err_tpot_s_mean"]) < 0.5, err
+    assert abs(err["err_e2e_s_mean"]) < 0.5, err
     assert err["e2e_corr"] > 0.9, err
-    # The latency model on the real run's own steps, apart from the schedule.
+    # The latency model on the real run's own steps, apart from the schedule: a
+    # profile off by 2x fails here.
     steps = step_errors(tmp_path / "real", latency_model(compose_cfg("mode=sim", *SHORT)))
     assert abs(steps["step_err_total"]) < 0.35, steps
     assert set(steps) >= {"step_err_median", "step_err_decode_total"}, steps
     assert abs(steps["step_err_per_request"]) < 0.35, steps
+    # At the run's own speed: the simulator (schedule, batching, the relative cost
+    # of steps) apart from the machine's speed.
+    own = scaled_errors(
+        SHORT, tmp_path / "own", tmp_path / "real", 1 / (1 + steps["step_err_total"]), "own"
+    )
+    assert abs(own["own_err_tpot_s_mean"]) < 0.2, own
+    assert abs(own["own_err_e2e_s_mean"]) < 0.2, own
 
 
 def test_fidelity_script_end_to_end_then_reanalysed_from_its_real_runs(tmp_path, monkeypatch):
@@ -85,6 +97,17 @@ def test_fidelity_script_end_to_end_then_reanalysed_from_its_real_runs(tmp_path,
     assert noise.iloc[0]["err_tpot_s_mean"] == first.iloc[0]["err_tpot_s_mean"]
     assert "real_runs" not in noise.columns
     assert noise.iloc[1]["real_tpot_s_mean"] == pytest.approx(tpot[0], rel=1e-5)
+    # A real run that did not finish (interrupted: partial) is left out, and what
+    # finished is still compared.
+    import shutil
+
+    cut = tmp_path / "cut"
+    shutil.copytree(runs, cut)
+    metrics = cut / "synthetic" / "fcfs-real-2" / "metrics.json"
+    metrics.write_text(json.dumps(dict(json.loads(metrics.read_text()), partial=True)))
+    partial = main("runs5", "--repeats", "2", "--reuse", str(cut))
+    assert list(partial["policy"]) == ["fcfs"] and "real_runs" not in partial.columns
+    assert partial.iloc[0]["real_tpot_s_mean"] == pytest.approx(tpot[0], rel=1e-5)
     # Profiler passes at two speeds: one simulation per pass, their metrics averaged.
     from testbed.profiling.profiler import write_profile
     from testbed.sim.latency import read_profile_header
