@@ -146,11 +146,26 @@ def compare(sim_dir: Path, real_dir: Path) -> dict:
     return row
 
 
+def prefixed_errors(sim_dir: Path, real_dir: Path, prefix: str) -> dict:
+    """The relative errors of :func:`compare`, named ``<prefix>_err_*``: for a
+    second simulation of a pair beside the prediction."""
+    errors = compare(sim_dir, real_dir)
+    return {f"{prefix}_{k}": v for k, v in errors.items() if k.startswith("err_")}
+
+
 def scaled_errors(overrides: list[str], run_dir: Path, real: Path, scale: float, prefix: str):
     """The errors (``<prefix>_err_*``) of a simulation with every step scaled by
     ``scale`` against the real run ``real``."""
-    errors = compare(simulate(overrides, run_dir, scale), real)
-    return {f"{prefix}_{k}": v for k, v in errors.items() if k.startswith("err_")}
+    return prefixed_errors(simulate(overrides, run_dir, scale), real, prefix)
+
+
+def latency_summary(row: dict, prefix: str = "") -> str:
+    """Mean TPOT, mean E2E and p50 TTFT errors of a row's ``<prefix>err_*``."""
+    return (
+        f"TPOT mean {row[f'{prefix}err_tpot_s_mean']:+.1%}, "
+        f"E2E mean {row[f'{prefix}err_e2e_s_mean']:+.1%}, "
+        f"TTFT p50 {row[f'{prefix}err_ttft_s_p50']:+.1%}"
+    )
 
 
 def step_errors(real_dir: Path, model) -> dict:
@@ -261,11 +276,12 @@ def plot(pairs: list[tuple[str, Path, Path]], path: Path) -> None:
 
 
 def average_runs(reals: list[Path], out: Path) -> Path:
-    """Repeated real runs of one pair as one run folder: every numeric metric the
-    mean of the runs' (so a p50 is the mean of their p50s), every request's
-    numeric columns the mean of its runs, and all their steps, so that
-    :func:`compare` and :func:`step_errors` read it like any run. On a machine
-    whose speed wanders, the mean of repeats is what a prediction can match."""
+    """Several runs of one pair (real runs, or simulations) as one run folder:
+    every numeric metric the mean of the runs' (so a p50 is the mean of their
+    p50s), every request's numeric columns the mean of its runs, and all their
+    steps, so that :func:`compare` and :func:`step_errors` read it like any run.
+    On a machine whose speed wanders, the mean of repeats is what a prediction
+    can match."""
     metrics = [json.loads((r / "metrics.json").read_text()) for r in reals]
     merged = dict(metrics[0])
     for key, value in metrics[0].items():
@@ -404,8 +420,11 @@ def main() -> None:
     elif passes:
         profile_pass()
         quiet.append(f"profiles_dir={runs / 'profiles'}")
-    # The profiler passes, each alone (for the per-pass simulations).
-    passes_from = runs if passes else reuse if reuse is not None and not own_profiles else None
+    # Where the profiler passes are, each alone (for the per-pass simulations):
+    # measured now, or by the reused invocation (unless --extra names a profile).
+    passes_from = runs if passes else None
+    if reuse is not None and not own_profiles:
+        passes_from = reuse
     probes: dict[str, list[float]] = {}
     if args.speed_probe:
         base = compose_cfg([*quiet, *args.extra])
@@ -430,7 +449,7 @@ def main() -> None:
         return runs / name
 
     # The rates: each trace at --load of its capacity in simulation.
-    plans = []
+    plans: dict[str, tuple[float, float, list[str]]] = {}  # trace: capacity, rate, overrides
     for spec in args.traces:
         # "name" or "name:option=value,option=value" (trace options for that trace only)
         trace, _, opts = spec.partition(":")
@@ -460,12 +479,12 @@ def main() -> None:
             json.dumps(dict(capacity_req_s=cap, rate_req_s=rate)) + "\n"
         )
         print(f"{trace}: capacity {cap:.3f} req/s in simulation; replaying at {rate} req/s")
-        plans.append((trace, cap, rate, common))
+        plans[trace] = (cap, rate, common)
 
     # The real runs, in rounds (each policy once per round, so a pair's repeats
     # are spread over the experiment), with the profiler passes between them.
     schedule = []
-    for trace, *_ in plans:
+    for trace in plans:
         for repeat in range(args.repeats):
             for policy in args.policies:
                 schedule.append((trace, policy, repeat))
@@ -481,7 +500,7 @@ def main() -> None:
             while before and before[0] <= i:
                 before.pop(0)
                 profile_pass()
-            _, _, rate, common = next(plan for plan in plans if plan[0] == trace)
+            _, rate, common = plans[trace]
             both = [*common, f"policy={policy}", f"trace.rate={rate}"]
             name = f"{trace}/{run_name(policy, repeat)}"
             run = real_run(both, name, repeat)
@@ -509,7 +528,7 @@ def main() -> None:
         pass_dirs = sorted((passes_from / "profile-passes").glob("*"), key=lambda d: int(d.name))
         pass_dirs = [d.resolve() for d in pass_dirs]
     rows, pairs = [], []
-    for trace, cap, rate, common in plans:
+    for trace, (cap, rate, common) in plans.items():
         here = runs / trace
         for policy in args.policies:
             both = [*common, f"policy={policy}", f"trace.rate={rate}"]
@@ -545,13 +564,7 @@ def main() -> None:
                     for k, d in enumerate(pass_dirs)
                 ]
                 ensemble = average_runs(sims, here / f"{policy}-sim-passes")
-                row.update(
-                    {
-                        f"pass_{k}": v
-                        for k, v in compare(ensemble, real).items()
-                        if k.startswith("err_")
-                    }
-                )
+                row.update(prefixed_errors(ensemble, real, "pass"))
             # At the real run's own speed: every step scaled by how much slower the
             # machine ran its steps than the profile predicts. Not a prediction (it
             # is calibrated on the run itself): the simulator's error apart from the
@@ -582,8 +595,7 @@ def main() -> None:
             pairs.append((f"{trace}/{policy}", sim, real))
             print(
                 f"  {policy}: throughput {row['err_throughput_req_s']:+.1%}, "
-                f"TPOT mean {row['err_tpot_s_mean']:+.1%}, E2E mean {row['err_e2e_s_mean']:+.1%}, "
-                f"TTFT p50 {row['err_ttft_s_p50']:+.1%}, E2E corr {row['e2e_corr']:.3f}; "
+                f"{latency_summary(row)}, E2E corr {row['e2e_corr']:.3f}; "
                 f"real steps predicted {row['step_err_total']:+.1%} (busy time), "
                 f"{row['step_err_per_request']:+.1%} (per request), "
                 f"{row['step_err_median']:+.1%} (median step)"
@@ -598,22 +610,13 @@ def main() -> None:
             if len(pass_dirs) > 1:
                 print(
                     f"    mean of {len(pass_dirs)} simulations, one per profiler pass: "
-                    f"TPOT mean {row['pass_err_tpot_s_mean']:+.1%}, "
-                    f"E2E mean {row['pass_err_e2e_s_mean']:+.1%}, "
-                    f"TTFT p50 {row['pass_err_ttft_s_p50']:+.1%}"
+                    + latency_summary(row, "pass_")
                 )
-            print(
-                f"    at the run's own speed (x{own_speed:.3f}): "
-                f"TPOT mean {row['own_err_tpot_s_mean']:+.1%}, "
-                f"E2E mean {row['own_err_e2e_s_mean']:+.1%}, "
-                f"TTFT p50 {row['own_err_ttft_s_p50']:+.1%}"
-            )
+            print(f"    at the run's own speed (x{own_speed:.3f}): " + latency_summary(row, "own_"))
             if around:
                 print(
                     f"    machine {row['speed_factor']:.3f}x its profiled step time; corrected: "
-                    f"TPOT mean {row['cor_err_tpot_s_mean']:+.1%}, "
-                    f"E2E mean {row['cor_err_e2e_s_mean']:+.1%}, "
-                    f"TTFT p50 {row['cor_err_ttft_s_p50']:+.1%}"
+                    + latency_summary(row, "cor_")
                 )
     table = pd.DataFrame(rows)
     table.to_csv(out / "fidelity.csv", index=False, float_format="%.6g")
