@@ -47,6 +47,14 @@ are reported: as profiled (``err_*``) and probe-corrected (``cor_err_*``). On
 the 2-core VM a few seconds of probe did not follow the drift over a run
 (experiments/results/fidelity_cpu/); the run's own speed above does.
 
+With ``--idle-probe`` each real run samples the machine's speed in its idle gaps
+(``mode.idle_probe=true``: one fixed decode step on the run's model, every
+quarter second while the next arrival is at least 50 ms away, never beside a
+step; ``testbed.profiling.profiler.IdleProbe``), and the profiler records the
+same probe. Each pair is also simulated with every step scaled by the ratio of
+the run's median sample to the profile's (``idle_err_*``): the simulator given
+the machine's speed during the run, measured apart from the run's own steps.
+
     python experiments/fidelity.py --policies fcfs sjf priority vtc \\
         --traces azure_conv mooncake_conv:prompt_scale=0.0625 --num-requests 200
 
@@ -199,13 +207,14 @@ def step_errors(real_dir: Path, model) -> dict:
     return row
 
 
-def profile_probe(model) -> float:
-    """The speed probe recorded in the profile of the simulator's latency model."""
-    value = getattr(model, "header", {}).get("speed_probe_s")
+def profile_probe(model, key: str = "speed_probe_s", option: str = "--speed-probe") -> float:
+    """A probe (``speed_probe_s`` or ``idle_probe_s``) recorded in the profile of
+    the simulator's latency model."""
+    value = getattr(model, "header", {}).get(key)
     if value is None:
         raise SystemExit(
-            f"--speed-probe: the simulator's latency model ({model.source}) records no "
-            "speed probe; profile again (python run.py mode=profile) or use --profile-first"
+            f"{option}: the simulator's latency model ({model.source}) records no "
+            f"{key}; profile again (python run.py mode=profile) or use --profile-passes"
         )
     return float(value.split()[0])
 
@@ -224,6 +233,9 @@ MARKDOWN = {  # column: heading, for the summary table
     "own_err_tpot_s_mean": "TPOT mean, own speed",
     "own_err_e2e_s_mean": "E2E mean, own speed",
     "own_err_ttft_s_p50": "TTFT p50, own speed",
+    "idle_err_tpot_s_mean": "TPOT mean, idle-probe speed",
+    "idle_err_e2e_s_mean": "E2E mean, idle-probe speed",
+    "idle_err_ttft_s_p50": "TTFT p50, idle-probe speed",
 }
 
 
@@ -364,6 +376,13 @@ def main() -> None:
         "each pair scaled by its ratio to the profile's probe",
     )
     ap.add_argument(
+        "--idle-probe",
+        action="store_true",
+        help="sample the machine's speed in each real run's idle gaps "
+        "(mode.idle_probe=true) and also simulate each pair with every step scaled "
+        "by the ratio of the run's probe to the profile's (idle_err_*)",
+    )
+    ap.add_argument(
         "--profile-first",
         action="store_true",
         help="measure a fresh profile into the runs folder first and simulate "
@@ -443,7 +462,8 @@ def main() -> None:
             return found
         if args.speed_probe:
             probes.setdefault(name, []).append(speed_probe(*probe_setup))
-        run_from_config(compose_cfg([*overrides, "mode=real"]), runs / name)
+        probe = ["mode.idle_probe=true"] if args.idle_probe else []
+        run_from_config(compose_cfg([*overrides, "mode=real", *probe]), runs / name)
         if args.speed_probe:
             probes[name].append(speed_probe(*probe_setup))
         return runs / name
@@ -574,6 +594,16 @@ def main() -> None:
             row.update(
                 scaled_errors(both, here / f"{policy}-sim-own-speed", real, own_speed, "own")
             )
+            # At the machine's speed during the run as the idle probe sampled it
+            # between requests (never beside a step): a measurement of the machine,
+            # not of the run, so this is the simulator given the machine's speed.
+            idle = json.loads((real / "metrics.json").read_text()).get("idle_probe_s")
+            if idle is not None and np.isfinite(idle):
+                factor = idle / profile_probe(model, "idle_probe_s", "--idle-probe")
+                row.update(idle_probe_s=idle, idle_speed_factor=factor)
+                row.update(
+                    scaled_errors(both, here / f"{policy}-sim-idle-probe", real, factor, "idle")
+                )
             around = [p for r in measured for p in probes.get(f"{trace}/{r.name}", [])]
             if around:
                 factor = float(np.mean(around)) / profile_probe(model)
@@ -613,6 +643,11 @@ def main() -> None:
                     + latency_summary(row, "pass_")
                 )
             print(f"    at the run's own speed (x{own_speed:.3f}): " + latency_summary(row, "own_"))
+            if "idle_speed_factor" in row:
+                print(
+                    f"    at the idle probe's speed (x{row['idle_speed_factor']:.3f}): "
+                    + latency_summary(row, "idle_")
+                )
             if around:
                 print(
                     f"    machine {row['speed_factor']:.3f}x its profiled step time; corrected: "

@@ -7,6 +7,7 @@ compose API. Every run writes its files even when interrupted (marked partial).
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,7 +20,7 @@ from policies.routers import make_router
 from testbed.core import EngineCore, KVCacheManager, Scheduler, SchedulerConfig
 from testbed.metrics.summary import requests_frame, summarize
 from testbed.models import ModelSpec, num_kv_blocks
-from testbed.report.rundir import write_metrics, write_plots, write_tables
+from testbed.report.rundir import write_idle_probe, write_metrics, write_plots, write_tables
 from testbed.sim import HardwareSpec, SimExecutor, Simulation, make_latency_model
 from testbed.sim.latency import ScaledModel
 from testbed.workload import to_requests
@@ -207,10 +208,16 @@ def run_real(cfg: DictConfig, requests) -> tuple[Any, dict[str, Any]]:
     from testbed.engine.llm import build_engine
     from testbed.engine.replay import replay
 
-    engine, executor, _ = build_engine(engine_args(cfg), model=real_model(cfg))
+    args = engine_args(cfg)
+    engine, executor, _ = build_engine(args, model=real_model(cfg))
+    probe = None
+    if cfg.mode.get("idle_probe"):
+        from testbed.profiling.profiler import IdleProbe
+
+        probe = IdleProbe(args, executor)
     progress = Progress(len(requests), cfg.progress)
     try:
-        result = replay(engine, requests, progress, cfg.mode.get("max_wall_s"))
+        result = replay(engine, requests, progress, cfg.mode.get("max_wall_s"), idle_probe=probe)
     finally:
         progress.close()
     kv = engine.scheduler.kv
@@ -220,10 +227,22 @@ def run_real(cfg: DictConfig, requests) -> tuple[Any, dict[str, Any]]:
         "num_kv_blocks": kv.num_blocks,
         "prefix_cache_hit_rate": kv.stats.hit_rate,
         "tokens_computed": executor.num_computed_tokens,
+        **idle_probe_metrics(result.extra.get("idle_probe")),
         "partial": result.partial,
         "stop_reason": result.stop_reason,
     }
     return result, extra
+
+
+def idle_probe_metrics(samples: list[tuple[float, float]] | None) -> dict[str, Any]:
+    """metrics.json's summary of the idle probe's samples (none without the probe)."""
+    if samples is None:
+        return {}
+    seconds = [s for _, s in samples]
+    return {
+        "idle_probe_s": statistics.median(seconds) if seconds else math.nan,
+        "idle_probe_samples": len(seconds),
+    }
 
 
 def profile_from_config(cfg: DictConfig) -> dict[str, Any]:
@@ -286,6 +305,8 @@ def run_from_config(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[
     metrics.update(summarize(result.requests, result.steps, req_df))
     metrics.update(extra)
     write_tables(run_dir, req_df, result.steps)
+    if result.extra.get("idle_probe") is not None:
+        write_idle_probe(run_dir, result.extra["idle_probe"])
     plots = (
         write_plots(run_dir, req_df, result.steps, f"{cfg.policy.name} on {cfg.trace.name}")
         if cfg.plots

@@ -33,6 +33,7 @@ from testbed.core import (
     WallClock,
 )
 from testbed.engine.config import ModelConfig
+from testbed.engine.model import CausalLM
 from testbed.engine.runner import ModelExecutor
 from testbed.engine.weights import build_model
 from testbed.models import ModelSpec, num_kv_blocks
@@ -141,8 +142,11 @@ def build_engine(
     args: EngineArgs,
     clock=None,
     model: tuple[ModelConfig, Path | None, str] | None = None,
+    weights: CausalLM | None = None,
 ) -> tuple[EngineCore, ModelExecutor, ModelConfig]:
-    """One real engine. ``model`` (config, weights folder, name) overrides ``args.model``."""
+    """One real engine. ``model`` (config, weights folder, name) overrides ``args.model``;
+    ``weights``, an already built model of that config, is shared instead of built
+    again (with its own KV cache, scheduler and sampler)."""
     cfg, folder, name = model or resolve_model(args.model)
     device = pick_device(args.device)
     if args.threads is not None and device.type == "cpu":
@@ -150,7 +154,10 @@ def build_engine(
             raise ValueError(f"threads must be a positive integer, got {args.threads!r}")
         torch.set_num_threads(args.threads)
     dtype = pick_dtype(args.dtype, device)
-    model = build_model(cfg, folder, dtype, device, seed=args.seed)
+    if weights is not None:
+        model, dtype = weights, next(weights.parameters()).dtype
+    else:
+        model = build_model(cfg, folder, dtype, device, seed=args.seed)
     spec = ModelSpec.from_hf_config(cfg.raw, name=name)
     dtype_name = str(dtype).removeprefix("torch.")
     if args.num_kv_blocks:

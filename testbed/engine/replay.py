@@ -21,9 +21,13 @@ def replay(
     on_progress: Callable[[float, int], None] | None = None,
     max_wall_s: float | None = None,
     on_step: Callable[[StepResult], None] | None = None,
+    idle_probe=None,
 ) -> RunResult:
     """Run ``requests`` through ``engine`` at their arrival times, on its wall clock.
-    ``on_step`` sees every step's result (the profiler records them)."""
+    ``on_step`` sees every step's result (the profiler records them). With an
+    ``idle_probe`` (``testbed.profiling.profiler.IdleProbe``), the machine's speed is
+    sampled while the engine waits for the next arrival: ``extra["idle_probe"]``
+    holds (time, seconds) pairs."""
     clock = engine.clock
     if not isinstance(clock, WallClock):
         raise TypeError("replay runs on the wall clock: build the engine with a WallClock")
@@ -33,6 +37,8 @@ def replay(
     log = StepLog()
     num_done = 0
     partial, reason, error = False, "finished", None
+    samples: list[tuple[float, float]] = []
+    last_sample = -float("inf")
     try:
         while pending or engine.has_unfinished_requests():
             now = clock()
@@ -44,7 +50,15 @@ def replay(
                     num_done += 1
             if not engine.has_unfinished_requests():
                 if pending:  # idle until the next arrival
-                    time.sleep(max(0.0, pending[0].arrival_time - clock()))
+                    wait = pending[0].arrival_time - clock()
+                    if idle_probe is not None and wait > idle_probe.min_gap_s:
+                        due = last_sample + idle_probe.every_s - clock()
+                        if due <= 0:
+                            last_sample = clock()
+                            samples.append((last_sample, idle_probe.measure()))
+                            continue
+                        wait = min(wait, due)
+                    time.sleep(max(0.0, wait))
                 continue
             res = engine.step()
             if on_step is not None:
@@ -66,4 +80,5 @@ def replay(
         partial=partial,
         stop_reason=reason,
         error=error,
+        extra={"idle_probe": samples} if idle_probe is not None else {},
     )

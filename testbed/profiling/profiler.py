@@ -17,7 +17,7 @@ import random
 import statistics
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -176,10 +176,13 @@ def summarize_point(point: Point, rows: list[dict]) -> dict:
     )
 
 
-def measure_replay(engine, num_requests: int, vocab: int, seed: int = 1234) -> list[dict]:
+def measure_replay(
+    engine, num_requests: int, vocab: int, seed: int = 1234, idle_probe=None
+) -> list[dict]:
     """Every step of a short replay of the embedded synthetic trace (another seed
     than the default runs use): the batch mixes a real workload produces, which a
-    grid alone does not cover. One row per step."""
+    grid alone does not cover. One row per step; with an ``idle_probe``, also
+    one ``kind=idle_probe`` row per sample taken in the replay's idle gaps."""
     from testbed.engine.replay import replay
     from testbed.workload import to_requests
     from traces.synthetic import synthetic_trace
@@ -215,8 +218,14 @@ def measure_replay(engine, num_requests: int, vocab: int, seed: int = 1234) -> l
             )
         )
 
-    replay(engine, requests, on_step=record)
+    result = replay(engine, requests, on_step=record, idle_probe=idle_probe)
+    rows += idle_probe_rows(result.extra.get("idle_probe", []), "replay_gaps")
     return rows
+
+
+def idle_probe_rows(samples: list[tuple[float, float]], grid: str) -> list[dict]:
+    """The profile's rows for idle-probe samples (not steps: the fit skips them)."""
+    return [dict(kind="idle_probe", grid=grid, latency_s=s, repeats=1) for _, s in samples]
 
 
 # A fixed handful of steps whose summed median latency tracks the machine's speed
@@ -233,6 +242,77 @@ def speed_probe(engine, executor, vocab: int, repeats: int = 15, warmup: int = 3
         measure_point(engine, executor, Point(*g), repeats, warmup, vocab, 1000 + i)["latency_s"]
         for i, g in enumerate(PROBE)
     )
+
+
+# The step the idle probe repeats: a decode batch of typical size and context.
+IDLE_PROBE = (8, 256, 0)
+
+
+class IdleProbe:
+    """One fixed decode step (:data:`IDLE_PROBE`) on an engine's own model, timed
+    while that engine is idle: trace replay samples it in the gaps between
+    requests (``mode.idle_probe=true``) and the profiler while it measures.
+
+    On a machine whose speed drifts (a shared VM's: 10-20% within an hour), the
+    ratio of a run's median sample to the profile's says how much slower or faster
+    the machine ran during the run than when it was profiled, without timing the
+    run's own steps and without running beside them (samples are taken only where
+    the next arrival is ``min_gap_s`` away, at most one per ``every_s``).
+
+    It shares the engine's weights, with its own small KV cache, scheduler and
+    sampler; the same scheduled step is executed again and again (its blocks are
+    assigned once), so the engine being measured is never touched."""
+
+    def __init__(
+        self,
+        args: EngineArgs,
+        executor,
+        point: tuple[int, int, int] = IDLE_PROBE,
+        min_gap_s: float = 0.05,
+        every_s: float = 0.25,
+        warmup: int = 3,
+    ) -> None:
+        p = Point(*point)
+        args = replace(args, enable_prefix_caching=False, num_kv_blocks=None)
+        fit_args(args, [p], 1, 1)
+        cfg = executor.model.config
+        engine, self.executor, _ = build_engine(
+            args, model=(cfg, None, "idle-probe"), weights=executor.model
+        )
+        rng = random.Random(4321)
+        decodes = [
+            _request(f"probe{i}", p.context, 8, rng, cfg.vocab_size) for i in range(p.decode_batch)
+        ]
+        for r in decodes:
+            r.arrival_time = engine.clock()
+            engine.add_request(r)
+        while any(
+            r.num_computed_tokens < r.num_tokens - 1 or not r.output_token_ids for r in decodes
+        ):
+            engine.step()
+        so = engine.scheduler.schedule(engine.clock())
+        if so.num_prefill_tokens or so.num_decode_tokens != p.decode_batch:
+            raise RuntimeError(f"idle probe: expected {p.decode_batch} decodes, scheduled {so}")
+        self.executor.execute(so)  # assigns its blocks; every later execution reuses them
+        self.step = replace(
+            so, new_req_ids=set(), new_block_ids={}, preempted_req_ids=[], finished_req_ids=[]
+        )
+        self.min_gap_s, self.every_s = min_gap_s, every_s
+        for _ in range(warmup):
+            self.measure()
+
+    def measure(self) -> float:
+        """Seconds one execution of the probe step takes now."""
+        t0 = time.perf_counter()
+        self.executor.execute(self.step)
+        sync(self.executor.device)
+        return time.perf_counter() - t0
+
+
+def idle_probe_header(rows: list[dict]) -> str:
+    """The profile header's ``idle_probe_s``: the median sample, and how many."""
+    seconds = [r["latency_s"] for r in rows]
+    return f"{statistics.median(seconds):.6g} (median of {len(seconds)} samples)"
 
 
 def probe_engine(args: EngineArgs, model=None):
@@ -279,10 +359,14 @@ def run_profile(
     executor.record_timings = True
     name = model_name or Path(args.model).name
     probes = [speed_probe(engine, executor, cfg.vocab_size)]
+    idle_probe = IdleProbe(args, executor)
     rows = []
     for i, point in enumerate(points):
-        rows.append(measure_point(engine, executor, point, repeats, warmup, cfg.vocab_size, i))
-        r = rows[-1]
+        r = measure_point(engine, executor, point, repeats, warmup, cfg.vocab_size, i)
+        rows.append(r)
+        # The idle probe after a pause, as trace replay samples it between arrivals.
+        time.sleep(idle_probe.every_s)
+        rows += idle_probe_rows([(0.0, idle_probe.measure())], "between_points")
         print(
             f"  [{i + 1}/{len(points)}] decodes {point.decode_batch:>3} x ctx "
             f"{point.context:>5}, prefill {point.prefill_tokens:>5}: "
@@ -293,7 +377,7 @@ def run_profile(
     # A fresh engine, as every run starts with: the grid has reordered the free
     # blocks, and K/V gathered through scattered block tables cost more on a CPU.
     replay_engine, _, _ = build_engine(args, model=model)
-    rows += measure_replay(replay_engine, replay_requests, cfg.vocab_size)
+    rows += measure_replay(replay_engine, replay_requests, cfg.vocab_size, idle_probe=idle_probe)
     del replay_engine
     probes.append(speed_probe(engine, executor, cfg.vocab_size))
     device = executor.device
@@ -319,6 +403,9 @@ def run_profile(
         # The machine's speed while it was measured (see speed_probe): before the
         # grid and after the replay, and their mean.
         "speed_probe_s": f"{statistics.fmean(probes):.6g} ({probes[0]:.6g}, {probes[1]:.6g})",
+        # The idle probe's median over every sample (kind=idle_probe rows), which a
+        # run with mode.idle_probe=true compares with its own.
+        "idle_probe_s": idle_probe_header([r for r in rows if r["kind"] == "idle_probe"]),
         "measured_by": "testbed.profiling (python run.py mode=profile)",
     }
     path = Path(out_dir) / hardware / f"{name}.csv"
@@ -349,17 +436,19 @@ def merge_profiles(paths: list[Path], out: Path) -> Path:
             differ = sorted(map(str, seen))
             raise ValueError(f"merge_profiles: the passes differ in {key}: {differ}")
     tables = [pd.read_csv(p, comment="#").assign(**{"pass": i}) for i, p in enumerate(paths)]
-    probes = [float(h["speed_probe_s"].split()[0]) for h in headers if "speed_probe_s" in h]
     header = dict(headers[0])
     header.update(
         passes=len(paths),
         date=f"{headers[0].get('date', '?')} to {headers[-1].get('date', '?')}",
         pass_dates=", ".join(h.get("date", "?") for h in headers),
     )
-    if probes:
-        header["speed_probe_s"] = (
-            f"{statistics.fmean(probes):.6g} (passes: {', '.join(f'{p:.6g}' for p in probes)})"
-        )
+    for key in ("speed_probe_s", "idle_probe_s"):  # the passes' mean
+        probes = [float(h[key].split()[0]) for h in headers if key in h]
+        if len(probes) == len(headers):
+            listed = ", ".join(f"{p:.6g}" for p in probes)
+            header[key] = f"{statistics.fmean(probes):.6g} (passes: {listed})"
+        else:
+            header.pop(key, None)  # a mean over some passes would not match the rows
     header["measured_by"] = f"{headers[0].get('measured_by', '?')}; {len(paths)} passes merged"
     write_profile(out, header, pd.concat(tables, ignore_index=True))
     return out

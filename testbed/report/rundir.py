@@ -38,6 +38,12 @@ def write_tables(run_dir: Path, requests: pd.DataFrame, steps: StepLog) -> None:
     frame.to_csv(run_dir / "steps.csv", index=False, float_format="%.9g")
 
 
+def write_idle_probe(run_dir: Path, samples: list[tuple[float, float]]) -> None:
+    """``idle_probe.csv``: when (run clock) the idle probe ran and how long it took."""
+    frame = pd.DataFrame(samples, columns=["time_s", "probe_s"])
+    frame.to_csv(run_dir / "idle_probe.csv", index=False, float_format="%.6g")
+
+
 def _binned(t: np.ndarray, v: np.ndarray, bins: int = 400) -> tuple[np.ndarray, np.ndarray]:
     """Mean of ``v`` in time bins (a million steps do not fit a plot)."""
     if t.size <= bins:

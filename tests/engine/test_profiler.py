@@ -36,6 +36,14 @@ def test_profile_mode_writes_a_table_with_its_provenance_and_speed_probe(tmp_pat
     assert (points["latency_s"] <= points["latency_max_s"]).all()
     assert (table[table["grid"] == "replay"]["latency_s"] > 0).all()
     assert len(table[table["grid"] == "replay"]) > 6  # a step per chunk and decode
+    # The idle probe: one sample after each point (and more in the replay's gaps),
+    # their median in the header; they are not steps, so the fit leaves them out.
+    idle = table[table["kind"] == "idle_probe"]
+    assert len(idle[idle["grid"] == "between_points"]) == len(GRIDS["quick"])
+    assert (idle["latency_s"] > 0).all() and idle["num_reqs"].isna().all()
+    median, *words = header["idle_probe_s"].split()  # "<s> (median of <n> samples)"
+    assert float(median) == pytest.approx(idle["latency_s"].median(), rel=1e-4)
+    assert int(words[2]) == len(idle)
     # Decode steps cost more with more requests; the fit's own error is small.
     decodes = points[points["prefill_tokens"] == 0].sort_values("decode_batch")
     assert decodes["latency_s"].is_monotonic_increasing
@@ -70,6 +78,7 @@ def test_merged_passes_fit_the_mean_speed_and_keep_every_row(tmp_path):
             device="test", hardware="cpu1", model="m", dtype="float32", block_size=16,
             attention_backend="ref", date=f"2026-11-30 0{i}:00:00 UTC",
             speed_probe_s=f"{probe} ({probe}, {probe})", measured_by="test",
+            idle_probe_s=f"{probe / 8} (median of 9 samples)",
         )  # fmt: skip
         paths.append(tmp_path / str(i) / "cpu1" / "m.csv")
         write_profile(paths[-1], header, rows.assign(latency_s=base * speed))
@@ -77,6 +86,7 @@ def test_merged_passes_fit_the_mean_speed_and_keep_every_row(tmp_path):
     header = read_profile_header(merged)
     assert header["passes"] == "2" and "01:00:00" in header["pass_dates"]
     assert float(header["speed_probe_s"].split()[0]) == pytest.approx(0.0945)
+    assert float(header["idle_probe_s"].split()[0]) == pytest.approx(0.0945 / 8)
     table = pd.read_csv(merged, comment="#")
     assert len(table) == 2 * len(rows) and sorted(table["pass"].unique()) == [0, 1]
     features = (32, 512, 512 * 300, 32 * 300, 300)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pandas as pd
+import pytest
 
 from tests.sim.test_runs import compose_cfg, run_from_config
 
@@ -53,3 +54,37 @@ def test_real_run_stopped_early_is_partial(tmp_path):
     )
     assert m["partial"] is True and m["num_finished"] < 30
     assert len(pd.read_csv(tmp_path / "requests.csv")) == 30
+
+
+def test_idle_probe_samples_only_between_steps_and_delays_no_arrival(tmp_path):
+    """mode.idle_probe=true: the machine's speed is sampled while the engine waits
+    for arrivals; no sample overlaps a step, and every step after a sample starts
+    after it ended, so the run is what it would be without the probe."""
+    m = run_from_config(
+        compose_cfg(
+            "mode=real",
+            "mode.idle_probe=true",
+            "trace.num_requests=6",
+            "trace.rate=2",  # gaps of about half a second between requests
+            "trace.output.mean=4",
+            "logging=disabled",
+            "progress=false",
+            "plots=false",
+        ),
+        tmp_path,
+    )
+    assert m["num_finished"] == 6
+    probe = pd.read_csv(tmp_path / "idle_probe.csv")
+    steps = pd.read_csv(tmp_path / "steps.csv")
+    assert m["idle_probe_samples"] == len(probe) >= 3
+    assert m["idle_probe_s"] == pytest.approx(probe["probe_s"].median(), rel=1e-4)
+    assert (probe["probe_s"] > 0).all() and probe["time_s"].is_monotonic_increasing
+    starts = steps["start_s"].to_numpy()
+    ends = starts + steps["latency_s"].to_numpy()
+    for t, s in probe[["time_s", "probe_s"]].itertuples(index=False):
+        assert not ((starts < t + s) & (ends > t)).any(), f"the sample at {t:.3f}s overlaps a step"
+    # Arrivals are not delayed: every sample ended before the next request arrived.
+    arrivals = pd.read_csv(tmp_path / "requests.csv")["arrival_s"].to_numpy()
+    for t, s in probe[["time_s", "probe_s"]].itertuples(index=False):
+        later = arrivals[arrivals > t]
+        assert not len(later) or t + s <= later.min(), f"the sample at {t:.3f}s delayed an arrival"

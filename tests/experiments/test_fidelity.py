@@ -125,3 +125,40 @@ def test_fidelity_script_end_to_end_then_reanalysed_from_its_real_runs(tmp_path,
     assert tpot[1] > 1.2 * tpot[0]
     expected = (tpot[0] + tpot[1]) / 2 / passes["real_tpot_s_mean"] - 1
     assert passes["pass_err_tpot_s_mean"] == pytest.approx(expected, rel=1e-4)
+
+
+def test_fidelity_script_scales_the_simulation_by_the_idle_probe(tmp_path, monkeypatch):
+    """--idle-probe: the real run samples the machine's speed between requests, and
+    the pair is also simulated with every step scaled by that sample's ratio to the
+    profile's (a profile that records no idle probe is refused with its name)."""
+    from experiments import fidelity
+    from testbed.profiling.profiler import write_profile
+    from testbed.sim.latency import read_profile_header
+
+    committed = fidelity.ROOT / "profiles" / "cpu" / "dummy-llama.csv"
+    header = read_profile_header(committed)
+    profiles = tmp_path / "profiles"
+    argv = ["fidelity.py", "--policies", "fcfs", "--traces", "synthetic", "--idle-probe"]
+    argv += ["--num-requests", "12", "--wandb", "disabled", "--out", str(tmp_path / "out")]
+    argv += ["--runs", str(tmp_path / "runs"), "--extra", f"profiles_dir={profiles}"]
+    argv += ["trace.rate=3"]  # gaps between requests, where the probe samples
+    reference = 0.02  # seconds: the profile's idle probe, as if measured so
+    header["idle_probe_s"] = f"{reference} (median of 10 samples)"
+    write_profile(profiles / "cpu" / "dummy-llama.csv", header, pd.read_csv(committed, comment="#"))
+    monkeypatch.setattr("sys.argv", argv)
+    fidelity.main()
+    row = pd.read_csv(tmp_path / "out" / "fidelity.csv").iloc[0]
+    (runs,) = (tmp_path / "runs").iterdir()
+    real = json.loads((runs / "synthetic" / "fcfs-real" / "metrics.json").read_text())
+    assert real["idle_probe_samples"] > 0
+    assert row["idle_probe_s"] == pytest.approx(real["idle_probe_s"], rel=1e-5)
+    assert row["idle_speed_factor"] == pytest.approx(real["idle_probe_s"] / reference, rel=1e-5)
+    scaled = json.loads((runs / "synthetic" / "fcfs-sim-idle-probe" / "metrics.json").read_text())
+    assert scaled["latency_scale"] == pytest.approx(row["idle_speed_factor"], rel=1e-5)
+    assert {"idle_err_tpot_s_mean", "idle_err_e2e_s_mean"} <= set(row.index)
+    # Without the probe in the profile, the option names what is missing.
+    del header["idle_probe_s"]
+    write_profile(profiles / "cpu" / "dummy-llama.csv", header, pd.read_csv(committed, comment="#"))
+    monkeypatch.setattr("sys.argv", [*argv, "--reuse", str(runs)])
+    with pytest.raises(SystemExit, match="records no idle_probe_s"):
+        fidelity.main()
