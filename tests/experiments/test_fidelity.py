@@ -162,3 +162,54 @@ def test_fidelity_script_scales_the_simulation_by_the_idle_probe(tmp_path, monke
     monkeypatch.setattr("sys.argv", [*argv, "--reuse", str(runs)])
     with pytest.raises(SystemExit, match="records no idle_probe_s"):
         fidelity.main()
+
+
+def test_idle_probe_tracking_compares_the_probe_with_the_runs_own_speed(tmp_path, monkeypatch):
+    """experiments/idle_probe_tracking.py: a run whose steps took 1.2x the profile's
+    prediction and whose probe took 1.2x the profile's probe tracks exactly; one
+    whose probe saw no slowdown is 1/1.2 - 1 off."""
+    import numpy as np
+
+    from experiments import idle_probe_tracking as tracking
+    from testbed.profiling.profiler import write_profile
+    from testbed.sim.latency import ProfileModel, read_profile_header
+
+    committed = tracking.ROOT / "profiles" / "cpu1" / "dummy-llama.csv"
+    runs = tmp_path / "runs"
+    profile = runs / "profiles" / "cpu1" / "dummy-llama.csv"
+    header = dict(read_profile_header(committed), idle_probe_s="0.01 (median of 9 samples)")
+    write_profile(profile, header, pd.read_csv(committed, comment="#"))
+    model = ProfileModel(profile)
+    rng = np.random.default_rng(0)
+    n = 400
+    steps = pd.DataFrame(
+        dict(
+            start_s=np.arange(n) * 0.3,
+            num_reqs=rng.integers(1, 16, n),
+            num_prefill_tokens=0,
+            num_decode_tokens=0,
+            max_kv=rng.integers(64, 1024, n),
+        )
+    )
+    steps["num_decode_tokens"] = steps["num_reqs"]
+    steps["kv_tokens"] = steps["num_reqs"] * steps["max_kv"]
+    steps["attn_pairs"] = steps["kv_tokens"]
+    steps["latency_s"] = 1.2 * tracking.predicted(steps, model)
+    for name, probe in (("fcfs-real", 0.012), ("sjf-real", 0.01)):
+        run = runs / "synthetic" / name
+        run.mkdir(parents=True)
+        steps.to_csv(run / "steps.csv", index=False)
+        times = np.arange(0, n * 0.3, 1.0)
+        pd.DataFrame(dict(time_s=times, probe_s=probe)).to_csv(run / "idle_probe.csv", index=False)
+        (run / "metrics.json").write_text(json.dumps(dict(partial=False)))
+    out = tmp_path / "tracking.json"
+    monkeypatch.setattr("sys.argv", ["t", str(runs), "--out", str(out)])
+    tracking.main()
+    result = json.loads(out.read_text())
+    by_run = {r["run"]: r for r in result["runs"]}
+    assert by_run["synthetic/fcfs-real"]["own"] == pytest.approx(1.2)
+    assert by_run["synthetic/fcfs-real"]["idle"] == pytest.approx(1.2)
+    assert by_run["synthetic/sjf-real"]["idle"] == pytest.approx(1.0)
+    assert result["per_run"]["within_2pct"] == 1
+    assert result["per_run"]["max_abs_diff"] == pytest.approx(1 - 1 / 1.2)
+    assert result["per_window_60s"]["n"] == 2 * 2  # 120 s of steps: two windows per run
