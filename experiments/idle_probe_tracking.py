@@ -71,11 +71,18 @@ def run_factors(run: Path, model: ProfileModel, reference: float, window: float)
     return row, windows
 
 
+def corr(a: pd.Series, b: pd.Series) -> float | None:
+    """Pearson's r, or None where it is undefined (under 3 points, or a constant)."""
+    if len(a) < 3 or a.std() == 0 or b.std() == 0:
+        return None
+    return float(np.corrcoef(a, b)[0, 1])
+
+
 def summary(table: pd.DataFrame) -> dict:
     diff = table["idle"] / table["own"] - 1
     return dict(
         n=len(table),
-        corr=float(np.corrcoef(table["own"], table["idle"])[0, 1]) if len(table) > 2 else None,
+        corr=corr(table["own"], table["idle"]),
         mean_abs_diff=float(diff.abs().mean()),
         max_abs_diff=float(diff.abs().max()),
         within_2pct=int((diff.abs() <= 0.02).sum()),
