@@ -246,6 +246,8 @@ def speed_probe(engine, executor, vocab: int, repeats: int = 15, warmup: int = 3
 
 # The step the idle probe repeats: a decode batch of typical size and context.
 IDLE_PROBE = (8, 256, 0)
+IDLE_TAIL = 40  # idle-probe samples after the profiler's replay, an idle engine's
+IDLE_GRIDS = ("replay_gaps", "after_replay")  # samples with the engine idle after a replay
 
 
 class IdleProbe:
@@ -310,9 +312,18 @@ class IdleProbe:
 
 
 def idle_probe_header(rows: list[dict]) -> str:
-    """The profile header's ``idle_probe_s``: the median sample, and how many."""
+    """The profile header's ``idle_probe_s``: the median of every sample (between
+    grid points, in the replay's gaps and after it), and the medians of the two
+    conditions. On the 2-core VM they differed by -6% to +8% from pass to pass,
+    with no consistent sign: the probe's own noise, which bounds how exactly it
+    can say the machine's speed."""
     seconds = [r["latency_s"] for r in rows]
-    return f"{statistics.median(seconds):.6g} (median of {len(seconds)} samples)"
+    text = f"{statistics.median(seconds):.6g} (median of {len(seconds)} samples"
+    for label, grids in (("between grid points", ("between_points",)), ("idle", IDLE_GRIDS)):
+        part = [r["latency_s"] for r in rows if r["grid"] in grids]
+        if part:
+            text += f"; {label} {statistics.median(part):.6g}, {len(part)}"
+    return text + ")"
 
 
 def probe_engine(args: EngineArgs, model=None):
@@ -378,6 +389,10 @@ def run_profile(
     # blocks, and K/V gathered through scattered block tables cost more on a CPU.
     replay_engine, _, _ = build_engine(args, model=model)
     rows += measure_replay(replay_engine, replay_requests, cfg.vocab_size, idle_probe=idle_probe)
+    # Then the engine idle, as between a trace's requests: the probe at its cadence.
+    for _ in range(IDLE_TAIL):
+        time.sleep(idle_probe.every_s)
+        rows += idle_probe_rows([(0.0, idle_probe.measure())], "after_replay")
     del replay_engine
     probes.append(speed_probe(engine, executor, cfg.vocab_size))
     device = executor.device
