@@ -207,6 +207,14 @@ def step_errors(real_dir: Path, model) -> dict:
     return row
 
 
+def queued_steps(run_dir: Path) -> float:
+    """The fraction of a run's steps with a request waiting: where the policy
+    chooses anything. With none, every policy runs the same schedule and their
+    rows differ only by the real runs' noise."""
+    waiting = pd.read_csv(run_dir / "steps.csv", usecols=["num_waiting"])["num_waiting"]
+    return float((waiting > 0).mean()) if len(waiting) else float("nan")
+
+
 def profile_probe(model, key: str = "speed_probe_s", option: str = "--speed-probe") -> float:
     """A probe (``speed_probe_s`` or ``idle_probe_s``) recorded in the profile of
     the simulator's latency model."""
@@ -226,6 +234,7 @@ MARKDOWN = {  # column: heading, for the summary table
     "err_ttft_s_p50": "TTFT p50",
     "e2e_corr": "E2E corr",
     "real_spread_tpot_s_mean": "real runs' spread, TPOT mean",
+    "real_queued_steps": "steps with a queue",
     "step_err_total": "steps (busy time)",
     "step_err_per_request": "steps (per request)",
     "pass_err_tpot_s_mean": "TPOT mean, per-pass sims",
@@ -248,7 +257,13 @@ def markdown(table: pd.DataFrame) -> str:
     ]
     for _, r in table.iterrows():
         cells = [
-            "" if pd.isna(r[c]) else f"{r[c]:.3f}" if c == "e2e_corr" else f"{r[c]:+.1%}"
+            ""
+            if pd.isna(r[c])
+            else f"{r[c]:.3f}"
+            if c == "e2e_corr"
+            else f"{r[c]:.1%}"
+            if c == "real_queued_steps"  # a fraction, not an error
+            else f"{r[c]:+.1%}"
             for c in cols
         ]
         lines.append(f"| {r['trace']} | {r['policy']} | " + " | ".join(cells) + " |")
@@ -570,6 +585,7 @@ def main() -> None:
                 capacity_req_s=cap,
                 **compare(sim, real),
                 **steps,
+                real_queued_steps=queued_steps(real),
             )
             if len(measured) > 1:
                 row.update(repeat_spread(sim, measured))

@@ -94,6 +94,9 @@ def test_fidelity_script_end_to_end_then_reanalysed_from_its_real_runs(tmp_path,
         abs(tpot[0] - tpot[1]) / fcfs["real_tpot_s_mean"], rel=1e-4
     )
     assert fcfs["err_min_tpot_s_mean"] <= fcfs["err_tpot_s_mean"] <= fcfs["err_max_tpot_s_mean"]
+    # Whether the policy had anything to order: the real steps with a request waiting.
+    steps = pd.concat(pd.read_csv(r / "steps.csv") for r in reals)
+    assert fcfs["real_queued_steps"] == pytest.approx((steps["num_waiting"] > 0).mean(), rel=1e-5)
     # At the runs' own speed the simulation is scaled by exactly the busy-time ratio.
     assert fcfs["own_speed_factor"] == pytest.approx(1 / (1 + fcfs["step_err_total"]), rel=1e-5)
     assert abs(fcfs["own_err_throughput_req_s"]) < 0.2
