@@ -97,6 +97,9 @@ class Policy:
 
     ``victim`` picks the preemption victim: ``"newest"`` (default),
     ``"least_computed"`` or ``"lowest_rank"`` (the policy's own last-ranked).
+    A preemptive policy evicts by rank only: another victim contradicts its
+    displacement (the evicted request outranks the survivor, so it displaces
+    it on return) and two requests can preempt each other forever.
     """
 
     name: ClassVar[str] = "base"
@@ -109,6 +112,12 @@ class Policy:
         victim = victim or self.default_victim
         if victim not in VICTIM_SELECTORS:
             raise ValueError(f"unknown victim {victim!r}; choose from {sorted(VICTIM_SELECTORS)}")
+        if self.preemptive and victim != "lowest_rank":
+            raise ValueError(
+                f"victim {victim!r}: {self.name} is preemptive and evicts by rank only "
+                "(victim: lowest_rank); evicting a request that outranks the survivors "
+                "lets the two displace each other forever"
+            )
         self.victim = victim
         self._select = VICTIM_SELECTORS[victim]
         self.view: SchedulerView | None = None
