@@ -83,7 +83,7 @@ _TRACES: dict[str, tuple[Callable[..., pd.DataFrame], str | None]] = {
 }
 TRACE_NAMES: tuple[str, ...] = tuple(_TRACES)
 _GENERIC = ("window_start_s", "window_end_s", "num_requests", "sample", "rate", "time_scale")
-_GENERIC += ("prompt_scale", "max_model_len", "seed")
+_GENERIC += ("prompt_scale", "max_model_len", "num_tenants", "priority_classes", "seed")
 
 
 def traces_dir() -> Path:
@@ -153,4 +153,9 @@ def _apply(df: pd.DataFrame, o: dict[str, Any]) -> pd.DataFrame:
         df = transforms.scale_prompts(df, float(o["prompt_scale"]))
     if "max_model_len" in o:
         df = transforms.cap_lengths(df, int(o["max_model_len"]))
+    if "num_tenants" in o:
+        df = transforms.assign_tenants(df, int(o["num_tenants"]), seed=int(o.get("seed", 0)))
+    if "priority_classes" in o:
+        n = int(o["priority_classes"])
+        df = transforms.assign_priorities(df, n, seed=int(o.get("seed", 0)))
     return df

@@ -1,4 +1,5 @@
-"""Transforms of a trace: rate and time scaling, windows, heads, samples, length caps.
+"""Transforms of a trace: rate and time scaling, windows, heads, samples, length
+caps, and seeded tenants and priority classes for traces that have none.
 
 Each returns a new trace (the input is left alone) with the attrs carried
 over and one line appended to ``attrs["notes"]`` saying what was done. Random
@@ -130,4 +131,33 @@ def cap_lengths(df: pd.DataFrame, max_model_len: int) -> pd.DataFrame:
         for ids, p in zip(df["prefix_hash_ids"], prompt)
     ]
     out["capped"] = capped | (df["capped"].to_numpy() if "capped" in df.columns else False)
+    return out
+
+
+def assign_tenants(df: pd.DataFrame, num_tenants: int, seed: int = 0) -> pd.DataFrame:
+    """Give each request one of ``num_tenants`` tenants (``t0``, ``t1``, ...), drawn
+    with Zipf weights 1/(k+1): ``t0`` sends the most, as a heavy tenant does, so a
+    fairness policy (vtc) has someone to hold back. For traces with no tenants
+    (Azure, Mooncake); a trace's own tenants are replaced, and the note says so."""
+    if not num_tenants >= 1:
+        raise ValueError(f"tenants must be >= 1, got {num_tenants}")
+    weights = 1.0 / np.arange(1, num_tenants + 1)
+    picks = np.random.default_rng(seed).choice(num_tenants, len(df), p=weights / weights.sum())
+    replaced = (df["tenant"] != "default").any()
+    note = f"assigned {num_tenants} Zipf-weighted tenants, seed {seed}"
+    out = with_rows(df, df.copy(), note + (" (replacing the trace's own)" if replaced else ""))
+    out["tenant"] = pd.Series([f"t{k}" for k in picks], index=out.index, dtype="str")
+    return out
+
+
+def assign_priorities(df: pd.DataFrame, num_classes: int, seed: int = 0) -> pd.DataFrame:
+    """Give each request a priority class in ``0 .. num_classes - 1`` (0 is the
+    most urgent), uniformly at random, seeded; a trace's own are replaced."""
+    if not num_classes >= 1:
+        raise ValueError(f"priority classes must be >= 1, got {num_classes}")
+    rng = np.random.default_rng(seed + 1)  # independent of the tenants' draw
+    replaced = (df["priority"] != 0).any()
+    note = f"assigned {num_classes} uniform priority classes, seed {seed}"
+    out = with_rows(df, df.copy(), note + (" (replacing the trace's own)" if replaced else ""))
+    out["priority"] = rng.integers(0, num_classes, len(df)).astype("int64")
     return out

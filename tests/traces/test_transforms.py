@@ -125,3 +125,35 @@ def test_scale_prompts_keeps_prefix_sharing_whole():
     assert "scaled prompt lengths by 0.0625" in out.attrs["notes"]
     with pytest.raises(ValueError, match="whole"):
         scale_prompts(df, 0.3)
+
+
+def test_assigned_tenants_are_seeded_and_zipf_weighted_and_priorities_uniform():
+    from traces.transforms import assign_priorities, assign_tenants
+
+    n = 6000
+    df = make_trace(np.arange(n) * 0.1, np.full(n, 10), np.full(n, 5), name="t", source="test")
+    assert set(df["tenant"]) == {"default"} and set(df["priority"]) == {0}
+    t = assign_tenants(df, 3, seed=7)
+    counts = t["tenant"].value_counts(normalize=True)
+    # Weights 1, 1/2, 1/3 over 11/6: t0 6/11, t1 3/11, t2 2/11.
+    for name, share in (("t0", 6 / 11), ("t1", 3 / 11), ("t2", 2 / 11)):
+        assert counts[name] == pytest.approx(share, abs=0.02)
+    assert t["tenant"].equals(assign_tenants(df, 3, seed=7)["tenant"])
+    assert not t["tenant"].equals(assign_tenants(df, 3, seed=8)["tenant"])
+    assert "3 Zipf-weighted tenants, seed 7" in t.attrs["notes"][-1]
+    assert set(df["tenant"]) == {"default"}  # the input is left alone
+    p = assign_priorities(t, 4, seed=7)
+    shares = p["priority"].value_counts(normalize=True)
+    assert sorted(shares.index) == [0, 1, 2, 3] and (abs(shares - 0.25) < 0.02).all()
+    assert p["tenant"].equals(t["tenant"])
+    with pytest.raises(ValueError, match="tenants must be >= 1"):
+        assign_tenants(df, 0)
+
+
+def test_load_trace_assigns_tenants_and_priority_classes_by_option():
+    from traces import load_trace
+
+    df = load_trace("synthetic", num_requests=50, num_tenants=2, priority_classes=3, seed=1)
+    assert set(df["tenant"]) <= {"t0", "t1"} and set(df["priority"]) <= {0, 1, 2}
+    notes = " ".join(df.attrs["notes"])
+    assert "replacing the trace's own" in notes  # synthetic traces have tenants
