@@ -176,6 +176,17 @@ def latency_summary(row: dict, prefix: str = "") -> str:
     )
 
 
+def predicted_steps(steps: pd.DataFrame, model) -> np.ndarray:
+    """The latency model's prediction of each row of a run's ``steps.csv``."""
+    return model.predict_many(
+        steps["num_reqs"].to_numpy(float),
+        (steps["num_prefill_tokens"] + steps["num_decode_tokens"]).to_numpy(float),
+        steps["attn_pairs"].to_numpy(float),
+        steps["kv_tokens"].to_numpy(float),
+        steps["max_kv"].to_numpy(float),
+    )
+
+
 def step_errors(real_dir: Path, model) -> dict:
     """The latency model against the real run's own steps: each measured step's
     composition predicted (sim / real - 1), free of any difference in schedule.
@@ -186,13 +197,7 @@ def step_errors(real_dir: Path, model) -> dict:
     prefill chunk and plain decode steps."""
     steps = pd.read_csv(real_dir / "steps.csv")
     steps = steps[steps["num_reqs"] > 0]
-    pred = model.predict_many(
-        steps["num_reqs"].to_numpy(float),
-        (steps["num_prefill_tokens"] + steps["num_decode_tokens"]).to_numpy(float),
-        steps["attn_pairs"].to_numpy(float),
-        steps["kv_tokens"].to_numpy(float),
-        steps["max_kv"].to_numpy(float),
-    )
+    pred = predicted_steps(steps, model)
     real = steps["latency_s"].to_numpy(float)
     row = {
         "step_err_total": float(pred.sum() / real.sum() - 1),
@@ -248,6 +253,15 @@ MARKDOWN = {  # column: heading, for the summary table
 }
 
 
+def markdown_cell(column: str, value: float) -> str:
+    """A correlation as is, a fraction in percent, an error in signed percent."""
+    if pd.isna(value):
+        return ""
+    if column == "e2e_corr":
+        return f"{value:.3f}"
+    return f"{value:.1%}" if column == "real_queued_steps" else f"{value:+.1%}"
+
+
 def markdown(table: pd.DataFrame) -> str:
     """The summary as a Markdown table: errors in percent, blank where not measured."""
     cols = [c for c in MARKDOWN if c in table.columns]
@@ -256,16 +270,7 @@ def markdown(table: pd.DataFrame) -> str:
         "| --- | --- | " + " | ".join("---:" for _ in cols) + " |",
     ]
     for _, r in table.iterrows():
-        cells = [
-            ""
-            if pd.isna(r[c])
-            else f"{r[c]:.3f}"
-            if c == "e2e_corr"
-            else f"{r[c]:.1%}"
-            if c == "real_queued_steps"  # a fraction, not an error
-            else f"{r[c]:+.1%}"
-            for c in cols
-        ]
+        cells = [markdown_cell(c, r[c]) for c in cols]
         lines.append(f"| {r['trace']} | {r['policy']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -30,23 +30,14 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from experiments.fidelity import predicted_steps  # noqa: E402
 from testbed.sim.latency import ProfileModel  # noqa: E402
-
-
-def predicted(steps: pd.DataFrame, model: ProfileModel) -> np.ndarray:
-    return model.predict_many(
-        steps["num_reqs"].to_numpy(float),
-        (steps["num_prefill_tokens"] + steps["num_decode_tokens"]).to_numpy(float),
-        steps["attn_pairs"].to_numpy(float),
-        steps["kv_tokens"].to_numpy(float),
-        steps["max_kv"].to_numpy(float),
-    )
 
 
 def run_factors(run: Path, model: ProfileModel, reference: float, window: float):
     """(the run's row, its windows' rows)."""
     steps = pd.read_csv(run / "steps.csv")
-    steps = steps[steps["num_reqs"] > 0].assign(pred_s=lambda s: predicted(s, model))
+    steps = steps[steps["num_reqs"] > 0].assign(pred_s=lambda s: predicted_steps(s, model))
     probe = pd.read_csv(run / "idle_probe.csv")
     row = dict(
         run=f"{run.parent.name}/{run.name}",

@@ -25,7 +25,6 @@ class MLFQ(Policy):
     dynamic_key = True
     reorder_running = True
     preemptive = True
-    default_victim = "lowest_rank"
 
     def __init__(
         self,

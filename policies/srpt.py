@@ -19,7 +19,6 @@ class SRPT(Policy):
     name = "srpt"
     preemptive = True
     reorder_running = True
-    default_victim = "lowest_rank"
 
     def __init__(self, length: str = "oracle", victim: str | None = None) -> None:
         super().__init__(victim)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from traces.schema import with_rows
+from traces.schema import DEFAULTS, with_rows
 
 
 def mean_rate(df: pd.DataFrame) -> float:
@@ -134,6 +134,16 @@ def cap_lengths(df: pd.DataFrame, max_model_len: int) -> pd.DataFrame:
     return out
 
 
+def _assigned(df: pd.DataFrame, column: str, values, note: str) -> pd.DataFrame:
+    """``df`` with ``column`` replaced by ``values``; the note says whether the
+    trace had values of its own (anything but the schema's default)."""
+    if (df[column] != DEFAULTS[column]).any():
+        note += " (replacing the trace's own)"
+    out = with_rows(df, df.copy(), note)  # index 0..n-1, as ``values``
+    out[column] = values
+    return out
+
+
 def assign_tenants(df: pd.DataFrame, num_tenants: int, seed: int = 0) -> pd.DataFrame:
     """Give each request one of ``num_tenants`` tenants (``t0``, ``t1``, ...), drawn
     with Zipf weights 1/(k+1): ``t0`` sends the most, as a heavy tenant does, so a
@@ -143,11 +153,9 @@ def assign_tenants(df: pd.DataFrame, num_tenants: int, seed: int = 0) -> pd.Data
         raise ValueError(f"tenants must be >= 1, got {num_tenants}")
     weights = 1.0 / np.arange(1, num_tenants + 1)
     picks = np.random.default_rng(seed).choice(num_tenants, len(df), p=weights / weights.sum())
-    replaced = (df["tenant"] != "default").any()
+    names = pd.Series([f"t{k}" for k in picks], dtype="str")
     note = f"assigned {num_tenants} Zipf-weighted tenants, seed {seed}"
-    out = with_rows(df, df.copy(), note + (" (replacing the trace's own)" if replaced else ""))
-    out["tenant"] = pd.Series([f"t{k}" for k in picks], index=out.index, dtype="str")
-    return out
+    return _assigned(df, "tenant", names, note)
 
 
 def assign_priorities(df: pd.DataFrame, num_classes: int, seed: int = 0) -> pd.DataFrame:
@@ -156,8 +164,6 @@ def assign_priorities(df: pd.DataFrame, num_classes: int, seed: int = 0) -> pd.D
     if not num_classes >= 1:
         raise ValueError(f"priority classes must be >= 1, got {num_classes}")
     rng = np.random.default_rng(seed + 1)  # independent of the tenants' draw
-    replaced = (df["priority"] != 0).any()
+    classes = rng.integers(0, num_classes, len(df)).astype("int64")
     note = f"assigned {num_classes} uniform priority classes, seed {seed}"
-    out = with_rows(df, df.copy(), note + (" (replacing the trace's own)" if replaced else ""))
-    out["priority"] = rng.integers(0, num_classes, len(df)).astype("int64")
-    return out
+    return _assigned(df, "priority", classes, note)

@@ -97,9 +97,10 @@ class Policy:
 
     ``victim`` picks the preemption victim: ``"newest"`` (default),
     ``"least_computed"`` or ``"lowest_rank"`` (the policy's own last-ranked).
-    A preemptive policy evicts by rank only: another victim contradicts its
-    displacement (the evicted request outranks the survivor, so it displaces
-    it on return) and two requests can preempt each other forever.
+    A preemptive policy evicts by rank only, and that is its default: another
+    victim contradicts its displacement (the evicted request outranks the
+    survivor, so it displaces it on return) and two requests can preempt each
+    other forever.
     """
 
     name: ClassVar[str] = "base"
@@ -109,7 +110,7 @@ class Policy:
     default_victim: ClassVar[str] = "newest"
 
     def __init__(self, victim: str | None = None) -> None:
-        victim = victim or self.default_victim
+        victim = victim or ("lowest_rank" if self.preemptive else self.default_victim)
         if victim not in VICTIM_SELECTORS:
             raise ValueError(f"unknown victim {victim!r}; choose from {sorted(VICTIM_SELECTORS)}")
         if self.preemptive and victim != "lowest_rank":

@@ -87,6 +87,24 @@ def _request(rid: str, n: int, out: int, rng: random.Random, vocab: int) -> Requ
     )
 
 
+def start_decoders(
+    engine, point: Point, out_len: int, rng: random.Random, vocab: int, prefix: str
+) -> list[Request]:
+    """``point.decode_batch`` requests of ``point.context`` prompt tokens, added
+    and prefilled until every one of them decodes (these steps are not timed)."""
+    clock = engine.clock
+    decodes = [
+        _request(f"{prefix}{i}", point.context, out_len, rng, vocab)
+        for i in range(point.decode_batch)
+    ]
+    for r in decodes:
+        r.arrival_time = clock()
+        engine.add_request(r)
+    while any(r.num_computed_tokens < r.num_tokens - 1 or not r.output_token_ids for r in decodes):
+        engine.step()
+    return decodes
+
+
 def measure_point(
     engine, executor, point: Point, repeats: int, warmup: int, vocab: int, seed: int
 ) -> dict:
@@ -97,14 +115,7 @@ def measure_point(
     # Long enough outputs that no decoder finishes before the timed steps are over,
     # however many steps their own prefills take (they are aborted afterwards).
     out_len = steps + 8 + -(-point.decode_batch * point.context // PREFILL_BUDGET)
-    decodes = [
-        _request(f"d{i}", point.context, out_len, rng, vocab) for i in range(point.decode_batch)
-    ]
-    for r in decodes:
-        r.arrival_time = clock()
-        engine.add_request(r)
-    while any(r.num_computed_tokens < r.num_tokens - 1 or not r.output_token_ids for r in decodes):
-        engine.step()  # prefill the decoders (not timed)
+    decodes = start_decoders(engine, point, out_len, rng, vocab, "d")
     timed_backend = executor.backend = TimedBackend(executor.backend, executor.device)
     rows = []
     for k in range(steps):
@@ -219,13 +230,13 @@ def measure_replay(
         )
 
     result = replay(engine, requests, on_step=record, idle_probe=idle_probe)
-    rows += idle_probe_rows(result.extra.get("idle_probe", []), "replay_gaps")
+    rows += idle_probe_rows((s for _, s in result.extra.get("idle_probe", [])), "replay_gaps")
     return rows
 
 
-def idle_probe_rows(samples: list[tuple[float, float]], grid: str) -> list[dict]:
+def idle_probe_rows(seconds: Iterable[float], grid: str) -> list[dict]:
     """The profile's rows for idle-probe samples (not steps: the fit skips them)."""
-    return [dict(kind="idle_probe", grid=grid, latency_s=s, repeats=1) for _, s in samples]
+    return [dict(kind="idle_probe", grid=grid, latency_s=s, repeats=1) for s in seconds]
 
 
 # A fixed handful of steps whose summed median latency tracks the machine's speed
@@ -285,17 +296,7 @@ class IdleProbe:
         engine, self.executor, _ = build_engine(
             args, model=(cfg, None, "idle-probe"), weights=executor.model
         )
-        rng = random.Random(4321)
-        decodes = [
-            _request(f"probe{i}", p.context, 8, rng, cfg.vocab_size) for i in range(p.decode_batch)
-        ]
-        for r in decodes:
-            r.arrival_time = engine.clock()
-            engine.add_request(r)
-        while any(
-            r.num_computed_tokens < r.num_tokens - 1 or not r.output_token_ids for r in decodes
-        ):
-            engine.step()
+        start_decoders(engine, p, 8, random.Random(4321), cfg.vocab_size, "probe")
         so = engine.scheduler.schedule(engine.clock())
         if so.num_prefill_tokens or so.num_decode_tokens != p.decode_batch:
             raise RuntimeError(f"idle probe: expected {p.decode_batch} decodes, scheduled {so}")
@@ -313,6 +314,11 @@ class IdleProbe:
         self.executor.execute(self.step)
         sync(self.executor.device)
         return time.perf_counter() - t0
+
+    def after_pause(self) -> float:
+        """:meth:`measure` after ``every_s`` of idling, as replay spaces its samples."""
+        time.sleep(self.every_s)
+        return self.measure()
 
 
 def idle_probe_header(rows: list[dict]) -> str:
@@ -379,9 +385,7 @@ def run_profile(
     for i, point in enumerate(points):
         r = measure_point(engine, executor, point, repeats, warmup, cfg.vocab_size, i)
         rows.append(r)
-        # The idle probe after a pause, as trace replay samples it between arrivals.
-        time.sleep(idle_probe.every_s)
-        rows += idle_probe_rows([(0.0, idle_probe.measure())], "between_points")
+        rows += idle_probe_rows([idle_probe.after_pause()], "between_points")
         print(
             f"  [{i + 1}/{len(points)}] decodes {point.decode_batch:>3} x ctx "
             f"{point.context:>5}, prefill {point.prefill_tokens:>5}: "
@@ -394,9 +398,7 @@ def run_profile(
     replay_engine, _, _ = build_engine(args, model=model)
     rows += measure_replay(replay_engine, replay_requests, cfg.vocab_size, idle_probe=idle_probe)
     # Then the engine idle, as between a trace's requests: the probe at its cadence.
-    for _ in range(IDLE_TAIL):
-        time.sleep(idle_probe.every_s)
-        rows += idle_probe_rows([(0.0, idle_probe.measure())], "after_replay")
+    rows += idle_probe_rows((idle_probe.after_pause() for _ in range(IDLE_TAIL)), "after_replay")
     del replay_engine
     probes.append(speed_probe(engine, executor, cfg.vocab_size))
     device = executor.device

@@ -140,6 +140,12 @@ def test_a_preemptive_policy_evicting_by_rank_finishes_what_newest_livelocked():
     )  # fmt: skip
     with pytest.raises(ValueError, match="evicts by rank only"):
         make_policy("mlfq", victim="newest")
+    from testbed.core import Policy
+
+    class Displacing(Policy):  # a new preemptive policy needs no victim of its own
+        preemptive = True
+
+    assert Displacing().victim == "lowest_rank" and make_policy("srpt").victim == "lowest_rank"
 
     def request(i: int, prompt: list[int], out: int) -> Request:
         params = SamplingParams(max_tokens=out, ignore_eos=True)

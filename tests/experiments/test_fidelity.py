@@ -210,7 +210,7 @@ def test_idle_probe_tracking_compares_the_probe_with_the_runs_own_speed(tmp_path
     steps["num_decode_tokens"] = steps["num_reqs"]
     steps["kv_tokens"] = steps["num_reqs"] * steps["max_kv"]
     steps["attn_pairs"] = steps["kv_tokens"]
-    steps["latency_s"] = 1.2 * tracking.predicted(steps, model)
+    steps["latency_s"] = 1.2 * tracking.predicted_steps(steps, model)
     for name, probe in (("fcfs-real", 0.012), ("sjf-real", 0.01)):
         run = runs / "synthetic" / name
         run.mkdir(parents=True)
