@@ -448,7 +448,10 @@ def main() -> None:
         k = len(pass_files)
         print(f"profiler pass {k + 1} of {passes} ...", flush=True)
         d = runs / "profile-passes" / str(k + 1)
-        overrides = ["mode=profile", f"profiles_dir={d}", *args.extra, *args.profile_extra]
+        # The profiler replays its own trace: trace options (which the default
+        # trace may not declare) are for the runs only.
+        machine = [x for x in args.extra if not x.lstrip("+~").startswith(("trace.", "trace="))]
+        overrides = ["mode=profile", f"profiles_dir={d}", *machine, *args.profile_extra]
         run_from_config(compose_cfg(overrides))
         (path,) = d.glob("*/*.csv")
         pass_files.append(path)
