@@ -55,6 +55,15 @@ same probe. Each pair is also simulated with every step scaled by the ratio of
 the run's median sample to the profile's (``idle_err_*``): the simulator given
 the machine's speed during the run, measured apart from the run's own steps.
 
+What a researcher reads off the simulator is how the policies compare, so the
+script also writes the policy effects (``policy_effects.csv``,
+``policy_orders.csv`` and a section of ``fidelity.md``): for each trace and
+metric, every policy against the first one (policy / first - 1) in simulation
+and in the real runs, with the real effect round by round as its noise, and how
+many pairs of policies simulation and real runs order alike. Policies differ
+only where requests wait and, for priority and vtc, where the trace has
+classes and tenants (``trace.priority_classes``, ``trace.num_tenants``).
+
     python experiments/fidelity.py --policies fcfs sjf priority vtc \\
         --traces azure_conv mooncake_conv:prompt_scale=0.0625 --num-requests 200
 
@@ -351,6 +360,95 @@ def repeat_spread(sim: Path, reals: list[Path]) -> dict:
     return row
 
 
+EFFECTS = ("ttft_s_mean", "ttft_s_p90", "tpot_s_mean", "e2e_s_mean", "e2e_s_p90")
+
+
+def metrics_of(run_dir: Path) -> dict:
+    return json.loads((run_dir / "metrics.json").read_text())
+
+
+def policy_effects(runs: dict[str, dict[str, tuple[Path, list[Path]]]], baseline: str):
+    """What the simulator says about the policies against what the real engine
+    does: for each trace and metric, each policy's effect relative to
+    ``baseline`` (policy / baseline - 1) in simulation and in the real runs
+    (their means; with repeats also round by round, run k against run k, as the
+    real effect's noise), and how many pairs of policies the two order alike.
+
+    ``runs``: trace -> policy -> (simulation, real runs). Returns the effects
+    (one row per trace, metric and policy) and the order agreement (one row per
+    trace and metric)."""
+    effects, orders = [], []
+    for trace, pairs in runs.items():
+        if baseline not in pairs or len(pairs) < 2:
+            continue
+        sims = {p: metrics_of(sim) for p, (sim, _) in pairs.items()}
+        reals = {p: [metrics_of(r) for r in rs] for p, (_, rs) in pairs.items()}
+        for key in EFFECTS:
+            sim_v = {p: m[key] for p, m in sims.items()}
+            real_v = {p: float(np.mean([m[key] for m in ms])) for p, ms in reals.items()}
+            for policy in pairs:
+                if policy == baseline:
+                    continue
+                rounds = [
+                    a[key] / b[key] - 1
+                    for a, b in zip(reals[policy], reals[baseline], strict=False)
+                ]
+                effects.append(
+                    dict(
+                        trace=trace,
+                        metric=key,
+                        policy=policy,
+                        sim_effect=sim_v[policy] / sim_v[baseline] - 1,
+                        real_effect=real_v[policy] / real_v[baseline] - 1,
+                        real_effect_min=min(rounds),
+                        real_effect_max=max(rounds),
+                    )
+                )
+            names = list(pairs)
+            pairs_of = [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
+            alike = sum(
+                np.sign(sim_v[a] - sim_v[b]) == np.sign(real_v[a] - real_v[b]) for a, b in pairs_of
+            )
+            orders.append(
+                dict(
+                    trace=trace,
+                    metric=key,
+                    sim_order=" < ".join(sorted(names, key=sim_v.get)),
+                    real_order=" < ".join(sorted(names, key=real_v.get)),
+                    pairs_ordered_alike=int(alike),
+                    pairs=len(pairs_of),
+                )
+            )
+    return pd.DataFrame(effects), pd.DataFrame(orders)
+
+
+def effects_markdown(effects: pd.DataFrame, orders: pd.DataFrame) -> str:
+    """The policy effects as Markdown: sim and real side by side, and the orders."""
+    if effects.empty:
+        return ""
+    lines = [
+        "| trace | metric | policy | sim effect | real effect | real, round by round |",
+        "| --- | --- | --- | ---: | ---: | ---: |",
+    ]
+    for _, r in effects.iterrows():
+        rounds = f"{r['real_effect_min']:+.1%} .. {r['real_effect_max']:+.1%}"
+        lines.append(
+            f"| {r['trace']} | {r['metric']} | {r['policy']} | {r['sim_effect']:+.1%} "
+            f"| {r['real_effect']:+.1%} | {rounds} |"
+        )
+    lines += [
+        "",
+        "| trace | metric | sim order | real order | pairs alike |",
+        "| --- | --- | --- | --- | ---: |",
+    ]
+    for _, r in orders.iterrows():
+        lines.append(
+            f"| {r['trace']} | {r['metric']} | {r['sim_order']} | {r['real_order']} "
+            f"| {r['pairs_ordered_alike']} / {r['pairs']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def run_name(policy: str, repeat: int) -> str:
     """The folder of a pair's ``repeat``-th real run (0-based)."""
     return f"{policy}-real" if repeat == 0 else f"{policy}-real-{repeat + 1}"
@@ -571,6 +669,7 @@ def main() -> None:
         pass_dirs = sorted((passes_from / "profile-passes").glob("*"), key=lambda d: int(d.name))
         pass_dirs = [d.resolve() for d in pass_dirs]
     rows, pairs = [], []
+    by_trace: dict[str, dict[str, tuple[Path, list[Path]]]] = {}
     for trace, (cap, rate, common) in plans.items():
         here = runs / trace
         for policy in args.policies:
@@ -585,6 +684,7 @@ def main() -> None:
             if len(measured) > 1:
                 real = average_runs(measured, here / f"{policy}-real-mean")
             sim = simulate(both, here / f"{policy}-sim")
+            by_trace.setdefault(trace, {})[policy] = (sim, measured)
             steps = step_errors(real, model)
             row = dict(
                 trace=trace,
@@ -679,7 +779,14 @@ def main() -> None:
                 )
     table = pd.DataFrame(rows)
     table.to_csv(out / "fidelity.csv", index=False, float_format="%.6g")
-    (out / "fidelity.md").write_text(markdown(table))
+    effects, orders = policy_effects(by_trace, args.policies[0])
+    effects.to_csv(out / "policy_effects.csv", index=False, float_format="%.6g")
+    orders.to_csv(out / "policy_orders.csv", index=False)
+    effects_md = effects_markdown(effects, orders)
+    (out / "fidelity.md").write_text(
+        markdown(table)
+        + (f"\n## Policy effects against {args.policies[0]}\n\n" + effects_md if effects_md else "")
+    )
     meta = dict(
         date=time.strftime("%Y-%m-%d"),
         load=args.load,
@@ -692,9 +799,17 @@ def main() -> None:
         profile_passes=len(pass_dirs),
         interrupted=interrupted,
     )
-    (out / "fidelity.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=2) + "\n")
+    summary = dict(
+        meta=meta,
+        rows=rows,
+        policy_effects=effects.to_dict("records"),
+        policy_orders=orders.to_dict("records"),
+    )
+    (out / "fidelity.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot(pairs, out / "fidelity.png")
     print(markdown(table))
+    if effects_md:
+        print(effects_md)
     if args.wandb != "disabled":
         import wandb
 

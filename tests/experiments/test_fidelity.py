@@ -12,6 +12,7 @@ simulator that stamps tokens wrongly fails it.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -229,3 +230,40 @@ def test_idle_probe_tracking_compares_the_probe_with_the_runs_own_speed(tmp_path
     assert result["per_run"]["within_2pct"] == 1
     assert result["per_run"]["max_abs_diff"] == pytest.approx(1 - 1 / 1.2)
     assert result["per_window_60s"]["n"] == 2 * 2  # 120 s of steps: two windows per run
+
+
+def test_policy_effects_compare_what_sim_and_real_say_about_the_policies(tmp_path):
+    from experiments.fidelity import EFFECTS, effects_markdown, policy_effects
+
+    def run(name: str, e2e: float) -> Path:
+        d = tmp_path / name
+        d.mkdir()
+        metrics = {key: 1.0 for key in EFFECTS}
+        (d / "metrics.json").write_text(json.dumps(dict(metrics, e2e_s_mean=e2e)))
+        return d
+
+    # Simulation: sjf 20% faster than fcfs, vtc 10% slower. Real runs (two rounds):
+    # sjf 10% and 30% faster (mean of 9 and 7 against 10), vtc 5% faster.
+    pairs = {
+        "fcfs": (run("fcfs-sim", 10.0), [run("fcfs-r1", 10.0), run("fcfs-r2", 10.0)]),
+        "sjf": (run("sjf-sim", 8.0), [run("sjf-r1", 9.0), run("sjf-r2", 7.0)]),
+        "vtc": (run("vtc-sim", 11.0), [run("vtc-r1", 9.5), run("vtc-r2", 9.5)]),
+    }
+    effects, orders = policy_effects({"t": pairs, "no-baseline": {"sjf": pairs["sjf"]}}, "fcfs")
+    e2e = effects[effects["metric"] == "e2e_s_mean"].set_index("policy")
+    assert set(effects["trace"]) == {"t"} and list(e2e.index) == ["sjf", "vtc"]
+    assert e2e.loc["sjf", "sim_effect"] == pytest.approx(-0.2)
+    assert e2e.loc["sjf", "real_effect"] == pytest.approx(-0.2)
+    assert (e2e.loc["sjf", "real_effect_min"], e2e.loc["sjf", "real_effect_max"]) == (
+        pytest.approx(-0.3),
+        pytest.approx(-0.1),
+    )
+    assert e2e.loc["vtc", "sim_effect"] == pytest.approx(0.1)
+    assert e2e.loc["vtc", "real_effect"] == pytest.approx(-0.05)
+    order = orders[orders["metric"] == "e2e_s_mean"].iloc[0]
+    assert order["sim_order"] == "sjf < fcfs < vtc" and order["real_order"] == "sjf < vtc < fcfs"
+    # sjf below both in both; fcfs against vtc the other way round.
+    assert (order["pairs_ordered_alike"], order["pairs"]) == (2, 3)
+    md = effects_markdown(effects, orders)
+    assert "| t | e2e_s_mean | vtc | +10.0% | -5.0% | -5.0% .. -5.0% |" in md
+    assert "| t | e2e_s_mean | sjf < fcfs < vtc | sjf < vtc < fcfs | 2 / 3 |" in md
