@@ -363,8 +363,22 @@ def repeat_spread(sim: Path, reals: list[Path]) -> dict:
 EFFECTS = ("ttft_s_mean", "ttft_s_p90", "tpot_s_mean", "e2e_s_mean", "e2e_s_p90")
 
 
+GROUPS = ("priority", "tenant")  # what priority and vtc order by
+
+
 def metrics_of(run_dir: Path) -> dict:
-    return json.loads((run_dir / "metrics.json").read_text())
+    """A run's metrics, with the mean TTFT of each priority class and tenant
+    (``ttft_s_mean[priority=0]``, ...) where the trace has more than one: what
+    priority and vtc change, which the whole trace's means can hide."""
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    reqs = run_dir / "requests.csv"
+    if reqs.exists():
+        df = pd.read_csv(reqs, usecols=["ttft_s", *GROUPS])
+        for group in GROUPS:
+            if df[group].nunique() > 1:
+                for value, ttft in df.groupby(group)["ttft_s"]:
+                    metrics[f"ttft_s_mean[{group}={value}]"] = float(ttft.mean())
+    return metrics
 
 
 def policy_effects(runs: dict[str, dict[str, tuple[Path, list[Path]]]], baseline: str):
@@ -383,7 +397,9 @@ def policy_effects(runs: dict[str, dict[str, tuple[Path, list[Path]]]], baseline
             continue
         sims = {p: metrics_of(sim) for p, (sim, _) in pairs.items()}
         reals = {p: [metrics_of(r) for r in rs] for p, (_, rs) in pairs.items()}
-        for key in EFFECTS:
+        every = [*sims.values(), *(m for ms in reals.values() for m in ms)]
+        grouped = sorted(k for k in sims[baseline] if "[" in k and all(k in m for m in every))
+        for key in (*EFFECTS, *grouped):
             sim_v = {p: m[key] for p, m in sims.items()}
             real_v = {p: float(np.mean([m[key] for m in ms])) for p, ms in reals.items()}
             for policy in pairs:

@@ -235,11 +235,16 @@ def test_idle_probe_tracking_compares_the_probe_with_the_runs_own_speed(tmp_path
 def test_policy_effects_compare_what_sim_and_real_say_about_the_policies(tmp_path):
     from experiments.fidelity import EFFECTS, effects_markdown, policy_effects
 
-    def run(name: str, e2e: float) -> Path:
+    def run(name: str, e2e: float, high: float = 1.0) -> Path:
+        """A run with mean E2E ``e2e``; the priority-0 requests' TTFT ``high``."""
         d = tmp_path / name
         d.mkdir()
         metrics = {key: 1.0 for key in EFFECTS}
         (d / "metrics.json").write_text(json.dumps(dict(metrics, e2e_s_mean=e2e)))
+        reqs = pd.DataFrame(
+            dict(ttft_s=[high, high, 2.0, 4.0], priority=[0, 0, 1, 1], tenant=["t0"] * 4)
+        )
+        reqs.to_csv(d / "requests.csv", index=False)
         return d
 
     # Simulation: sjf 20% faster than fcfs, vtc 10% slower. Real runs (two rounds):
@@ -248,10 +253,23 @@ def test_policy_effects_compare_what_sim_and_real_say_about_the_policies(tmp_pat
         "fcfs": (run("fcfs-sim", 10.0), [run("fcfs-r1", 10.0), run("fcfs-r2", 10.0)]),
         "sjf": (run("sjf-sim", 8.0), [run("sjf-r1", 9.0), run("sjf-r2", 7.0)]),
         "vtc": (run("vtc-sim", 11.0), [run("vtc-r1", 9.5), run("vtc-r2", 9.5)]),
+        "priority": (run("p-sim", 10.0, 0.5), [run("p-r1", 10.0, 0.6), run("p-r2", 10.0, 0.8)]),
     }
     effects, orders = policy_effects({"t": pairs, "no-baseline": {"sjf": pairs["sjf"]}}, "fcfs")
     e2e = effects[effects["metric"] == "e2e_s_mean"].set_index("policy")
-    assert set(effects["trace"]) == {"t"} and list(e2e.index) == ["sjf", "vtc"]
+    assert set(effects["trace"]) == {"t"} and list(e2e.index) == ["sjf", "vtc", "priority"]
+    # Per priority class (one tenant only: no per-tenant rows): the high class's
+    # TTFT halved in simulation, 30% lower in the real runs; the low class as is.
+    assert set(effects["metric"]) == {
+        *EFFECTS,
+        "ttft_s_mean[priority=0]",
+        "ttft_s_mean[priority=1]",
+    }
+    high = effects[effects["metric"] == "ttft_s_mean[priority=0]"].set_index("policy")
+    assert high.loc["priority", "sim_effect"] == pytest.approx(-0.5)
+    assert high.loc["priority", "real_effect"] == pytest.approx(-0.3)
+    low = effects[effects["metric"] == "ttft_s_mean[priority=1]"].set_index("policy")
+    assert low.loc["priority", ["sim_effect", "real_effect"]].tolist() == [0.0, 0.0]
     assert e2e.loc["sjf", "sim_effect"] == pytest.approx(-0.2)
     assert e2e.loc["sjf", "real_effect"] == pytest.approx(-0.2)
     assert (e2e.loc["sjf", "real_effect_min"], e2e.loc["sjf", "real_effect_max"]) == (
@@ -261,9 +279,14 @@ def test_policy_effects_compare_what_sim_and_real_say_about_the_policies(tmp_pat
     assert e2e.loc["vtc", "sim_effect"] == pytest.approx(0.1)
     assert e2e.loc["vtc", "real_effect"] == pytest.approx(-0.05)
     order = orders[orders["metric"] == "e2e_s_mean"].iloc[0]
-    assert order["sim_order"] == "sjf < fcfs < vtc" and order["real_order"] == "sjf < vtc < fcfs"
-    # sjf below both in both; fcfs against vtc the other way round.
-    assert (order["pairs_ordered_alike"], order["pairs"]) == (2, 3)
+    assert order["real_order"] == "sjf < vtc < fcfs < priority"
+    # sjf below the rest in both; fcfs = priority in both; vtc the other way round
+    # against both of them.
+    assert order["sim_order"] == "sjf < fcfs < priority < vtc"
+    assert (order["pairs_ordered_alike"], order["pairs"]) == (4, 6)
     md = effects_markdown(effects, orders)
     assert "| t | e2e_s_mean | vtc | +10.0% | -5.0% | -5.0% .. -5.0% |" in md
-    assert "| t | e2e_s_mean | sjf < fcfs < vtc | sjf < vtc < fcfs | 2 / 3 |" in md
+    assert (
+        "| t | e2e_s_mean | sjf < fcfs < priority < vtc | sjf < vtc < fcfs < priority | 4 / 6 |"
+        in md
+    )
