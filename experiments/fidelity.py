@@ -837,12 +837,14 @@ def main() -> None:
             config=meta,
             tags=["fidelity"],
         )
-        run.log(
-            {
-                "fidelity": wandb.Table(dataframe=table),
-                "fidelity_plots": wandb.Image(str(out / "fidelity.png")),
-            }
-        )
+        logged = {
+            "fidelity": wandb.Table(dataframe=table),
+            "fidelity_plots": wandb.Image(str(out / "fidelity.png")),
+        }
+        if not effects.empty:
+            logged["policy_effects"] = wandb.Table(dataframe=effects)
+            logged["policy_orders"] = wandb.Table(dataframe=orders)
+        run.log(logged)
         run.finish()
     print(f"wrote {out}")
 
