@@ -78,6 +78,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -345,18 +346,24 @@ def average_runs(reals: list[Path], out: Path) -> Path:
 SPREAD = ("throughput_req_s", "tpot_s_mean", "e2e_s_mean", "ttft_s_p50")
 
 
-def repeat_spread(sim: Path, reals: list[Path]) -> dict:
+def repeat_spread(sim: Path, reals: list[Path], own: list[Path] = ()) -> dict:
     """How far repeated real runs of one pair are apart (``real_spread_*``:
     (max - min) / mean), and the simulation's error against each of them alone
-    (``err_min_*``, ``err_max_*``)."""
+    (``err_min_*``, ``err_max_*``); with ``own`` (each run simulated at its own
+    speed), those simulations' errors against their runs (``own_each_err_*``)."""
     metrics = [json.loads((r / "metrics.json").read_text()) for r in reals]
     ms = json.loads((sim / "metrics.json").read_text())
+    owns = [json.loads((r / "metrics.json").read_text()) for r in own]
     row: dict = {"real_runs": len(reals)}
     for key in SPREAD:
         values = np.array([m[key] for m in metrics], float)
         row[f"real_spread_{key}"] = float(np.ptp(values) / values.mean())
         errors = ms[key] / values - 1
         row[f"err_min_{key}"], row[f"err_max_{key}"] = float(errors.min()), float(errors.max())
+        if owns:
+            each = np.array([o[key] for o in owns], float) / values - 1
+            row[f"own_each_err_min_{key}"] = float(each.min())
+            row[f"own_each_err_max_{key}"] = float(each.max())
     return row
 
 
@@ -381,22 +388,42 @@ def metrics_of(run_dir: Path) -> dict:
     return metrics
 
 
-def policy_effects(runs: dict[str, dict[str, tuple[Path, list[Path]]]], baseline: str):
+@dataclass
+class PairRuns:
+    """One trace and policy: its simulation, its real runs, and each real run
+    simulated at that run's own speed (empty with one run)."""
+
+    sim: Path
+    reals: list[Path]
+    own: list[Path] = field(default_factory=list)
+
+
+def round_effects(runs: list[dict], base: list[dict], key: str) -> list[float]:
+    """Run k against the baseline's run k, for every round both have."""
+    return [a[key] / b[key] - 1 for a, b in zip(runs, base, strict=False)]
+
+
+def policy_effects(runs: dict[str, dict[str, PairRuns]], baseline: str):
     """What the simulator says about the policies against what the real engine
     does: for each trace and metric, each policy's effect relative to
     ``baseline`` (policy / baseline - 1) in simulation and in the real runs
     (their means; with repeats also round by round, run k against run k, as the
     real effect's noise), and how many pairs of policies the two order alike.
+    With repeats, also the effect round by round between the simulations of the
+    runs at their own speeds (``own_effect_*``): what the simulator says the
+    machine's speed in each run did to the effect, and ``own_round_gap``, the
+    largest difference from the real effect of the same round.
 
-    ``runs``: trace -> policy -> (simulation, real runs). Returns the effects
-    (one row per trace, metric and policy) and the order agreement (one row per
+    ``runs``: trace -> policy -> :class:`PairRuns`. Returns the effects (one
+    row per trace, metric and policy) and the order agreement (one row per
     trace and metric)."""
     effects, orders = [], []
     for trace, pairs in runs.items():
         if baseline not in pairs or len(pairs) < 2:
             continue
-        sims = {p: metrics_of(sim) for p, (sim, _) in pairs.items()}
-        reals = {p: [metrics_of(r) for r in rs] for p, (_, rs) in pairs.items()}
+        sims = {p: metrics_of(r.sim) for p, r in pairs.items()}
+        reals = {p: [metrics_of(d) for d in r.reals] for p, r in pairs.items()}
+        owns = {p: [metrics_of(d) for d in r.own] for p, r in pairs.items()}
         every = [*sims.values(), *(m for ms in reals.values() for m in ms)]
         grouped = sorted(k for k in sims[baseline] if "[" in k and all(k in m for m in every))
         for key in (*EFFECTS, *grouped):
@@ -405,21 +432,23 @@ def policy_effects(runs: dict[str, dict[str, tuple[Path, list[Path]]]], baseline
             for policy in pairs:
                 if policy == baseline:
                     continue
-                rounds = [
-                    a[key] / b[key] - 1
-                    for a, b in zip(reals[policy], reals[baseline], strict=False)
-                ]
-                effects.append(
-                    dict(
-                        trace=trace,
-                        metric=key,
-                        policy=policy,
-                        sim_effect=sim_v[policy] / sim_v[baseline] - 1,
-                        real_effect=real_v[policy] / real_v[baseline] - 1,
-                        real_effect_min=min(rounds),
-                        real_effect_max=max(rounds),
-                    )
+                rounds = round_effects(reals[policy], reals[baseline], key)
+                row = dict(
+                    trace=trace,
+                    metric=key,
+                    policy=policy,
+                    sim_effect=sim_v[policy] / sim_v[baseline] - 1,
+                    real_effect=real_v[policy] / real_v[baseline] - 1,
+                    real_effect_min=min(rounds),
+                    real_effect_max=max(rounds),
                 )
+                own = round_effects(owns[policy], owns[baseline], key)
+                if own and all(key in m for m in (*owns[policy], *owns[baseline])):
+                    gaps = [abs(o - r) for o, r in zip(own, rounds, strict=False)]
+                    row.update(
+                        own_effect_min=min(own), own_effect_max=max(own), own_round_gap=max(gaps)
+                    )
+                effects.append(row)
             names = list(pairs)
             pairs_of = [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
             alike = sum(
@@ -442,16 +471,26 @@ def effects_markdown(effects: pd.DataFrame, orders: pd.DataFrame) -> str:
     """The policy effects as Markdown: sim and real side by side, and the orders."""
     if effects.empty:
         return ""
+    own = "own_effect_min" in effects.columns
     lines = [
-        "| trace | metric | policy | sim effect | real effect | real, round by round |",
-        "| --- | --- | --- | ---: | ---: | ---: |",
+        "| trace | metric | policy | sim effect | real effect | real, round by round |"
+        + (" sim at each run's speed, round by round | largest gap in a round |" if own else ""),
+        "| --- | --- | --- | ---: | ---: | ---: |" + (" ---: | ---: |" if own else ""),
     ]
     for _, r in effects.iterrows():
         rounds = f"{r['real_effect_min']:+.1%} .. {r['real_effect_max']:+.1%}"
-        lines.append(
+        line = (
             f"| {r['trace']} | {r['metric']} | {r['policy']} | {r['sim_effect']:+.1%} "
             f"| {r['real_effect']:+.1%} | {rounds} |"
         )
+        if own and not pd.isna(r["own_effect_min"]):
+            line += (
+                f" {r['own_effect_min']:+.1%} .. {r['own_effect_max']:+.1%} "
+                f"| {r['own_round_gap']:.1%} |"
+            )
+        elif own:
+            line += " | |"
+        lines.append(line)
     lines += [
         "",
         "| trace | metric | sim order | real order | pairs alike |",
@@ -685,7 +724,7 @@ def main() -> None:
         pass_dirs = sorted((passes_from / "profile-passes").glob("*"), key=lambda d: int(d.name))
         pass_dirs = [d.resolve() for d in pass_dirs]
     rows, pairs = [], []
-    by_trace: dict[str, dict[str, tuple[Path, list[Path]]]] = {}
+    by_trace: dict[str, dict[str, PairRuns]] = {}
     for trace, (cap, rate, common) in plans.items():
         here = runs / trace
         for policy in args.policies:
@@ -700,7 +739,7 @@ def main() -> None:
             if len(measured) > 1:
                 real = average_runs(measured, here / f"{policy}-real-mean")
             sim = simulate(both, here / f"{policy}-sim")
-            by_trace.setdefault(trace, {})[policy] = (sim, measured)
+            pair_runs = by_trace.setdefault(trace, {})[policy] = PairRuns(sim, measured)
             steps = step_errors(real, model)
             row = dict(
                 trace=trace,
@@ -712,7 +751,13 @@ def main() -> None:
                 real_queued_steps=queued_steps(real),
             )
             if len(measured) > 1:
-                row.update(repeat_spread(sim, measured))
+                # Every run alone at its own speed: how much of the runs' spread
+                # the machine's speed explains, and the policy effects round by round.
+                for k, r in enumerate(measured):
+                    speed = 1 / (1 + step_errors(r, model)["step_err_total"])
+                    own_dir = here / f"{policy}-sim-own-speed-{k + 1}"
+                    pair_runs.own.append(simulate(both, own_dir, speed))
+                row.update(repeat_spread(sim, measured, pair_runs.own))
             if len(pass_dirs) > 1:
                 # One simulation per profiler pass, their metrics averaged: the
                 # expectation over the speeds the passes sampled. A burst amplifies
@@ -775,7 +820,11 @@ def main() -> None:
                     f"    against the mean of {len(measured)} real runs, which spread "
                     f"{row['real_spread_tpot_s_mean']:.1%} in TPOT mean; against each alone: "
                     f"TPOT mean {row['err_min_tpot_s_mean']:+.1%} to "
-                    f"{row['err_max_tpot_s_mean']:+.1%}"
+                    f"{row['err_max_tpot_s_mean']:+.1%}; each at its own speed: "
+                    f"TPOT mean {row['own_each_err_min_tpot_s_mean']:+.1%} to "
+                    f"{row['own_each_err_max_tpot_s_mean']:+.1%}, E2E mean "
+                    f"{row['own_each_err_min_e2e_s_mean']:+.1%} to "
+                    f"{row['own_each_err_max_e2e_s_mean']:+.1%}"
                 )
             if len(pass_dirs) > 1:
                 print(

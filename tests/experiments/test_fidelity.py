@@ -101,6 +101,13 @@ def test_fidelity_script_end_to_end_then_reanalysed_from_its_real_runs(tmp_path,
     # At the runs' own speed the simulation is scaled by exactly the busy-time ratio.
     assert fcfs["own_speed_factor"] == pytest.approx(1 / (1 + fcfs["step_err_total"]), rel=1e-5)
     assert abs(fcfs["own_err_throughput_req_s"]) < 0.2
+    # And each run alone at its own speed, against that run.
+    own = [runs / "synthetic" / f"fcfs-sim-own-speed-{k}" for k in (1, 2)]
+    own_tpot = [json.loads((d / "metrics.json").read_text())["tpot_s_mean"] for d in own]
+    each = sorted(o / r - 1 for o, r in zip(own_tpot, tpot, strict=True))
+    assert [fcfs["own_each_err_min_tpot_s_mean"], fcfs["own_each_err_max_tpot_s_mean"]] == [
+        pytest.approx(e, rel=1e-4, abs=1e-6) for e in each
+    ]
     again = main("runs2", "--repeats", "2", "--reuse", str(runs))
     # Nothing real ran again; the same real runs give the same comparison.
     (runs2,) = (tmp_path / "runs2").iterdir()
@@ -233,7 +240,7 @@ def test_idle_probe_tracking_compares_the_probe_with_the_runs_own_speed(tmp_path
 
 
 def test_policy_effects_compare_what_sim_and_real_say_about_the_policies(tmp_path):
-    from experiments.fidelity import EFFECTS, effects_markdown, policy_effects
+    from experiments.fidelity import EFFECTS, PairRuns, effects_markdown, policy_effects
 
     def run(name: str, e2e: float, high: float = 1.0) -> Path:
         """A run with mean E2E ``e2e``; the priority-0 requests' TTFT ``high``."""
@@ -250,10 +257,12 @@ def test_policy_effects_compare_what_sim_and_real_say_about_the_policies(tmp_pat
     # Simulation: sjf 20% faster than fcfs, vtc 10% slower. Real runs (two rounds):
     # sjf 10% and 30% faster (mean of 9 and 7 against 10), vtc 5% faster.
     pairs = {
-        "fcfs": (run("fcfs-sim", 10.0), [run("fcfs-r1", 10.0), run("fcfs-r2", 10.0)]),
-        "sjf": (run("sjf-sim", 8.0), [run("sjf-r1", 9.0), run("sjf-r2", 7.0)]),
-        "vtc": (run("vtc-sim", 11.0), [run("vtc-r1", 9.5), run("vtc-r2", 9.5)]),
-        "priority": (run("p-sim", 10.0, 0.5), [run("p-r1", 10.0, 0.6), run("p-r2", 10.0, 0.8)]),
+        "fcfs": PairRuns(run("fcfs-sim", 10.0), [run("fcfs-r1", 10.0), run("fcfs-r2", 10.0)]),
+        "sjf": PairRuns(run("sjf-sim", 8.0), [run("sjf-r1", 9.0), run("sjf-r2", 7.0)]),
+        "vtc": PairRuns(run("vtc-sim", 11.0), [run("vtc-r1", 9.5), run("vtc-r2", 9.5)]),
+        "priority": PairRuns(
+            run("p-sim", 10.0, 0.5), [run("p-r1", 10.0, 0.6), run("p-r2", 10.0, 0.8)]
+        ),
     }
     effects, orders = policy_effects({"t": pairs, "no-baseline": {"sjf": pairs["sjf"]}}, "fcfs")
     e2e = effects[effects["metric"] == "e2e_s_mean"].set_index("policy")
@@ -286,6 +295,26 @@ def test_policy_effects_compare_what_sim_and_real_say_about_the_policies(tmp_pat
     assert (order["pairs_ordered_alike"], order["pairs"]) == (4, 6)
     md = effects_markdown(effects, orders)
     assert "| t | e2e_s_mean | vtc | +10.0% | -5.0% | -5.0% .. -5.0% |" in md
+    assert "own_effect_min" not in effects.columns  # no run simulated at its own speed
+    # Each run also simulated at its own speed: the effects round by round beside
+    # the real ones, and the largest gap in a round. sjf's own-speed simulations
+    # give -15% and -25% against fcfs's (rounds: -10% and -30%).
+    pairs["fcfs"].own[:] = [run("fcfs-o1", 10.0), run("fcfs-o2", 10.0)]
+    pairs["sjf"].own[:] = [run("sjf-o1", 8.5), run("sjf-o2", 7.5)]
+    effects, _ = policy_effects({"t": pairs}, "fcfs")
+    sjf = effects[effects["metric"] == "e2e_s_mean"].set_index("policy").loc["sjf"]
+    assert (sjf["own_effect_min"], sjf["own_effect_max"]) == (
+        pytest.approx(-0.25),
+        pytest.approx(-0.15),
+    )
+    assert sjf["own_round_gap"] == pytest.approx(0.05)
+    vtc = effects[effects["metric"] == "e2e_s_mean"].set_index("policy").loc["vtc"]
+    assert pd.isna(vtc["own_effect_min"])  # vtc's runs were not
+    md = effects_markdown(effects, orders)
+    assert (
+        "| t | e2e_s_mean | sjf | -20.0% | -20.0% | -30.0% .. -10.0% | -25.0% .. -15.0% | 5.0% |"
+        in md
+    )
     assert (
         "| t | e2e_s_mean | sjf < fcfs < priority < vtc | sjf < vtc < fcfs < priority | 4 / 6 |"
         in md
