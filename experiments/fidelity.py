@@ -442,8 +442,9 @@ def policy_effects(runs: dict[str, dict[str, PairRuns]], baseline: str):
                     real_effect_min=min(rounds),
                     real_effect_max=max(rounds),
                 )
-                own = round_effects(owns[policy], owns[baseline], key)
-                if own and all(key in m for m in (*owns[policy], *owns[baseline])):
+                with_key = all(key in m for m in (*owns[policy], *owns[baseline]))
+                own = round_effects(owns[policy], owns[baseline], key) if with_key else []
+                if own:
                     gaps = [abs(o - r) for o, r in zip(own, rounds, strict=False)]
                     row.update(
                         own_effect_min=min(own), own_effect_max=max(own), own_round_gap=max(gaps)
