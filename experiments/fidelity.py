@@ -60,7 +60,10 @@ script also writes the policy effects (``policy_effects.csv``,
 ``policy_orders.csv`` and a section of ``fidelity.md``): for each trace and
 metric, every policy against the first one (policy / first - 1) in simulation
 and in the real runs, with the real effect round by round as its noise, and how
-many pairs of policies simulation and real runs order alike. Policies differ
+many pairs of policies simulation and real runs order alike. With repeats,
+each real run is also simulated at its own speed, so that the machine's speed
+in each run can be told from the simulator (``own_each_err_*``,
+``own_effect_*``). Policies differ
 only where requests wait and, for priority and vtc, where the trace has
 classes and tenants (``trace.priority_classes``, ``trace.num_tenants``).
 
@@ -346,14 +349,14 @@ def average_runs(reals: list[Path], out: Path) -> Path:
 SPREAD = ("throughput_req_s", "tpot_s_mean", "e2e_s_mean", "ttft_s_p50")
 
 
-def repeat_spread(sim: Path, reals: list[Path], own: list[Path] = ()) -> dict:
+def repeat_spread(sim: Path, reals: list[Path], own: list[Path] | None = None) -> dict:
     """How far repeated real runs of one pair are apart (``real_spread_*``:
     (max - min) / mean), and the simulation's error against each of them alone
     (``err_min_*``, ``err_max_*``); with ``own`` (each run simulated at its own
     speed), those simulations' errors against their runs (``own_each_err_*``)."""
     metrics = [json.loads((r / "metrics.json").read_text()) for r in reals]
     ms = json.loads((sim / "metrics.json").read_text())
-    owns = [json.loads((r / "metrics.json").read_text()) for r in own]
+    owns = [json.loads((r / "metrics.json").read_text()) for r in own or []]
     row: dict = {"real_runs": len(reals)}
     for key in SPREAD:
         values = np.array([m[key] for m in metrics], float)
