@@ -113,13 +113,18 @@ def simulate(overrides: list[str], run_dir: Path, scale: float = 1.0) -> Path:
     return run_dir
 
 
+def read_metrics(run_dir: Path) -> dict:
+    """A run's ``metrics.json``."""
+    return json.loads((run_dir / "metrics.json").read_text())
+
+
 def kept_up(run_dir: Path, rate: float) -> bool:
     """Whether a run's throughput kept up (>= 95%) with its arrivals. A short
     synthetic trace's arrivals come at their own rate, not the nominal one, so
     the throughput is compared with the rate they realised (``mean_rate``, as
     the traces' rescaling defines it: a real trace rescaled to ``rate`` has
     exactly that rate)."""
-    metrics = json.loads((run_dir / "metrics.json").read_text())
+    metrics = read_metrics(run_dir)
     arrived = mean_rate(pd.read_csv(run_dir / "requests.csv", usecols=["arrival_s"]))
     return metrics["throughput_req_s"] >= 0.95 * min(rate, arrived)
 
@@ -146,8 +151,8 @@ def capacity(common: list[str], out: Path) -> float:
 
 def compare(sim_dir: Path, real_dir: Path) -> dict:
     """Relative errors of the simulation against the real run."""
-    ms = json.loads((sim_dir / "metrics.json").read_text())
-    mr = json.loads((real_dir / "metrics.json").read_text())
+    ms = read_metrics(sim_dir)
+    mr = read_metrics(real_dir)
     row: dict = {}
     for k in ("throughput_req_s", "throughput_output_tok_s"):
         row[f"err_{k}"] = ms[k] / mr[k] - 1
@@ -223,6 +228,13 @@ def step_errors(real_dir: Path, model) -> dict:
         if mask.any():
             row[f"step_err_{name}_total"] = float(pred[mask].sum() / real[mask].sum() - 1)
     return row
+
+
+def own_speed(steps: dict) -> float:
+    """The factor that scales the latency model to a real run's own speed: its
+    busy time over the model's prediction of the same steps (from
+    :func:`step_errors`)."""
+    return 1 / (1 + steps["step_err_total"])
 
 
 def queued_steps(run_dir: Path) -> float:
@@ -327,7 +339,7 @@ def average_runs(reals: list[Path], out: Path) -> Path:
     steps, so that :func:`compare` and :func:`step_errors` read it like any run.
     On a machine whose speed wanders, the mean of repeats is what a prediction
     can match."""
-    metrics = [json.loads((r / "metrics.json").read_text()) for r in reals]
+    metrics = [read_metrics(r) for r in reals]
     merged = dict(metrics[0])
     for key, value in metrics[0].items():
         if isinstance(value, int | float) and not isinstance(value, bool):
@@ -354,9 +366,9 @@ def repeat_spread(sim: Path, reals: list[Path], own: list[Path] | None = None) -
     (max - min) / mean), and the simulation's error against each of them alone
     (``err_min_*``, ``err_max_*``); with ``own`` (each run simulated at its own
     speed), those simulations' errors against their runs (``own_each_err_*``)."""
-    metrics = [json.loads((r / "metrics.json").read_text()) for r in reals]
-    ms = json.loads((sim / "metrics.json").read_text())
-    owns = [json.loads((r / "metrics.json").read_text()) for r in own or []]
+    metrics = [read_metrics(r) for r in reals]
+    ms = read_metrics(sim)
+    owns = [read_metrics(r) for r in own or []]
     row: dict = {"real_runs": len(reals)}
     for key in SPREAD:
         values = np.array([m[key] for m in metrics], float)
@@ -380,7 +392,7 @@ def metrics_of(run_dir: Path) -> dict:
     """A run's metrics, with the mean TTFT of each priority class and tenant
     (``ttft_s_mean[priority=0]``, ...) where the trace has more than one: what
     priority and vtc change, which the whole trace's means can hide."""
-    metrics = json.loads((run_dir / "metrics.json").read_text())
+    metrics = read_metrics(run_dir)
     reqs = run_dir / "requests.csv"
     if reqs.exists():
         df = pd.read_csv(reqs, usecols=["ttft_s", *GROUPS])
@@ -706,7 +718,7 @@ def main() -> None:
             run = real_run(both, name, repeat)
             if run is None:
                 continue
-            if json.loads((run / "metrics.json").read_text()).get("partial"):
+            if read_metrics(run).get("partial"):
                 print(f"{run} did not finish (partial): left out")
                 if reuse is None:
                     interrupted = True
@@ -758,9 +770,8 @@ def main() -> None:
                 # Every run alone at its own speed: how much of the runs' spread
                 # the machine's speed explains, and the policy effects round by round.
                 for k, r in enumerate(measured):
-                    speed = 1 / (1 + step_errors(r, model)["step_err_total"])
                     own_dir = here / f"{policy}-sim-own-speed-{k + 1}"
-                    pair_runs.own.append(simulate(both, own_dir, speed))
+                    pair_runs.own.append(simulate(both, own_dir, own_speed(step_errors(r, model))))
                 row.update(repeat_spread(sim, measured, pair_runs.own))
             if len(pass_dirs) > 1:
                 # One simulation per profiler pass, their metrics averaged: the
@@ -778,15 +789,13 @@ def main() -> None:
             # machine ran its steps than the profile predicts. Not a prediction (it
             # is calibrated on the run itself): the simulator's error apart from the
             # machine's drift since it was profiled.
-            own_speed = 1 / (1 + steps["step_err_total"])
-            row.update(own_speed_factor=own_speed)
-            row.update(
-                scaled_errors(both, here / f"{policy}-sim-own-speed", real, own_speed, "own")
-            )
+            speed = own_speed(steps)
+            row.update(own_speed_factor=speed)
+            row.update(scaled_errors(both, here / f"{policy}-sim-own-speed", real, speed, "own"))
             # At the machine's speed during the run as the idle probe sampled it
             # between requests (never beside a step): a measurement of the machine,
             # not of the run, so this is the simulator given the machine's speed.
-            idle = json.loads((real / "metrics.json").read_text()).get("idle_probe_s")
+            idle = read_metrics(real).get("idle_probe_s")
             if idle is not None and np.isfinite(idle):
                 factor = idle / profile_probe(model, "idle_probe_s", "--idle-probe")
                 row.update(idle_probe_s=idle, idle_speed_factor=factor)
@@ -835,7 +844,7 @@ def main() -> None:
                     f"    mean of {len(pass_dirs)} simulations, one per profiler pass: "
                     + latency_summary(row, "pass_")
                 )
-            print(f"    at the run's own speed (x{own_speed:.3f}): " + latency_summary(row, "own_"))
+            print(f"    at the run's own speed (x{speed:.3f}): " + latency_summary(row, "own_"))
             if "idle_speed_factor" in row:
                 print(
                     f"    at the idle probe's speed (x{row['idle_speed_factor']:.3f}): "

@@ -156,6 +156,6 @@ def _apply(df: pd.DataFrame, o: dict[str, Any]) -> pd.DataFrame:
     if "num_tenants" in o:
         df = transforms.assign_tenants(df, int(o["num_tenants"]), seed=int(o.get("seed", 0)))
     if "priority_classes" in o:
-        n = int(o["priority_classes"])
-        df = transforms.assign_priorities(df, n, seed=int(o.get("seed", 0)))
+        classes = int(o["priority_classes"])
+        df = transforms.assign_priorities(df, classes, seed=int(o.get("seed", 0)))
     return df
