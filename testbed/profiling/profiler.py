@@ -28,8 +28,12 @@ from testbed.engine.llm import EngineArgs, build_engine
 from testbed.sim.latency import FEATURES, read_profile_header, step_features
 
 GRIDS = {
-    # (decode batch, decode context, prefill tokens) per point
-    "default": [(b, c, 0) for b in (1, 2, 4, 8, 16, 32, 64) for c in (64, 256, 1024, 2000)]
+    # (decode batch, decode context, prefill tokens) per point. Every small decode
+    # batch: a GEMM of a few rows is not smooth in their number (see
+    # testbed.sim.latency.DECODE_SIZES).
+    "default": [
+        (b, c, 0) for b in (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 32, 64) for c in (64, 256, 1024, 2000)
+    ]
     + [(0, 0, p) for p in (16, 64, 128, 256, 384, 512, 768, 1024, 1536, 2000)]
     + [(b, 256, p) for b in (4, 16) for p in (64, 256, 1024)],
     "quick": [(b, 128, 0) for b in (1, 4, 16)] + [(0, 0, p) for p in (32, 256)] + [(4, 128, 128)],
@@ -375,6 +379,9 @@ def run_profile(
     """Measure every grid point, then every step of a short synthetic replay, and
     write ``<out_dir>/<hardware>/<model>.csv``."""
     points = [Point(*g) for g in grid]
+    # The replay runs the engine as configured (its batch and token limits, prefix
+    # caching): the mixes of steps that engine's runs produce.
+    replay_args = replace(args)
     fit_args(args, points + [Point(*g) for g in PROBE], repeats, warmup)
     engine, executor, cfg = build_engine(args, model=model)
     executor.record_timings = True
@@ -395,7 +402,7 @@ def run_profile(
     print(f"  replaying {replay_requests} synthetic requests for realistic step mixes ...")
     # A fresh engine, as every run starts with: the grid has reordered the free
     # blocks, and K/V gathered through scattered block tables cost more on a CPU.
-    replay_engine, _, _ = build_engine(args, model=model)
+    replay_engine, _, _ = build_engine(replay_args, model=model)
     rows += measure_replay(replay_engine, replay_requests, cfg.vocab_size, idle_probe=idle_probe)
     # Then the engine idle, as between a trace's requests: the probe at its cadence.
     rows += idle_probe_rows((idle_probe.after_pause() for _ in range(IDLE_TAIL)), "after_replay")
@@ -421,6 +428,9 @@ def run_profile(
         "repeats": repeats,
         "warmup": warmup,
         "sampling": ", ".join(f"{k}={v}" for k, v in SAMPLING.items()),
+        "replay_engine": f"max_num_seqs={replay_args.max_num_seqs}, "
+        f"max_num_batched_tokens={replay_args.max_num_batched_tokens}, "
+        f"prefix_caching={replay_args.enable_prefix_caching}",
         # The machine's speed while it was measured (see speed_probe): before the
         # grid and after the replay, and their mean.
         "speed_probe_s": f"{statistics.fmean(probes):.6g} ({probes[0]:.6g}, {probes[1]:.6g})",

@@ -178,6 +178,21 @@ KNOTS = (2, 8, 32)  # batch sizes where a CPU or GPU GEMM changes regime
 KV_KNOTS = (8192, 32768)  # KV tokens read past which attention outgrows the caches
 PAIR_KNOTS = (2**17, 2**19)  # attention pairs (a 512- and a 1,024-token prefill) likewise
 GROUP_WEIGHTS = {"replay": 4.0, "point": 1.0}  # profile rows: realistic steps vs grid
+# Decode-only batches of up to this many requests each get their own term (where
+# the profile has at least DECODE_SIZE_ROWS of them): a CPU GEMM's cost is not
+# smooth in its rows at small sizes (with one thread, the LM head of 2 or 3 rows
+# reads its weights once per row, of 4 or more once in all, so 3 decodes cost
+# more than 4).
+DECODE_SIZES = 16
+DECODE_SIZE_ROWS = 3
+
+
+def decode_size(num_reqs: np.ndarray, num_tokens: np.ndarray) -> np.ndarray:
+    """The size of each decode-only batch (each request computing one token) of
+    at most :data:`DECODE_SIZES` requests; 0 for any other step."""
+    reqs = np.asarray(num_reqs)
+    plain = (np.asarray(num_tokens) == reqs) & (reqs <= DECODE_SIZES)
+    return np.where(plain, reqs, 0).astype(np.int64)
 
 
 def profile_basis(num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv) -> list:
@@ -186,7 +201,9 @@ def profile_basis(num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv) -> list:
     2 rows, then grows with rows); tokens; attention pairs and KV tokens read,
     both also through convex hinges ``max(x - k, 0)`` (work that outgrows the
     caches costs more per unit); and the longest context (kernels that loop over
-    its chunks or pad to it)."""
+    its chunks or pad to it). Small decode-only batches also get a term per size
+    (:func:`decode_size`), which :class:`ProfileModel` fits with these and adds
+    by lookup."""
     if isinstance(num_reqs, np.ndarray):
         ramps = [np.minimum(num_reqs, k) for k in KNOTS]
     else:
@@ -233,8 +250,13 @@ class ProfileModel:
         if "kind" in table.columns:
             table = table[table["kind"] == "step"]
         cols = [table[c].to_numpy(float) for c in FEATURES]
-        x = np.column_stack([np.broadcast_to(b, len(table)) for b in profile_basis(*cols)])
-        if len(table) < x.shape[1]:
+        smooth = profile_basis(*cols)
+        size = decode_size(cols[0], cols[1])
+        counts = np.bincount(size, minlength=DECODE_SIZES + 1)
+        sizes = [k for k in range(1, DECODE_SIZES + 1) if counts[k] >= DECODE_SIZE_ROWS]
+        terms = [*smooth, *((size == k).astype(float) for k in sizes)]
+        x = np.column_stack([np.broadcast_to(b, len(table)) for b in terms])
+        if len(table) < len(smooth):
             raise ValueError(f"{self.path}: {len(table)} step rows are too few to fit")
         y = table["latency_s"].to_numpy(float)
         # Relative error. A replay's steps are the mixes real workloads produce, so
@@ -247,7 +269,11 @@ class ProfileModel:
                 share = GROUP_WEIGHTS.get(g, 1.0) / np.sqrt((groups == g).sum())
                 w[groups == g] *= share
         self.coef = nnls(x * w[:, None], w * y)
-        self._coef = [float(c) for c in self.coef]  # Python floats: cheap scalar math
+        self._coef = [float(c) for c in self.coef[: len(smooth)]]  # Python floats: fast
+        # A decode-only batch's own term by its size (0: any other step).
+        self._decode_extra = [0.0] * (DECODE_SIZES + 1)
+        for k, c in zip(sizes, self.coef[len(smooth) :], strict=True):
+            self._decode_extra[k] = float(c)
         pred = x @ self.coef
         self.fit_rel_error = float(np.median(np.abs(pred - y) / y))
         self.source = (
@@ -260,10 +286,20 @@ class ProfileModel:
         basis = profile_basis(num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv)
         for c, b in zip(self._coef, basis, strict=True):
             total = total + c * b
+        if num_tokens == num_reqs <= DECODE_SIZES:
+            total = total + self._decode_extra[int(num_reqs)]
         return total
 
-    # The same operations in the same order work on arrays (exact agreement).
-    predict_many = predict
+    def predict_many(self, num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv):
+        """:meth:`predict` where any feature may be an array: the same operations
+        in the same order (exact agreement)."""
+        if not isinstance(num_reqs, np.ndarray) and not isinstance(num_tokens, np.ndarray):
+            return self.predict(num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv)
+        total = 0.0
+        basis = profile_basis(num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv)
+        for c, b in zip(self._coef, basis, strict=True):
+            total = total + c * b
+        return total + np.asarray(self._decode_extra)[decode_size(num_reqs, num_tokens)]
 
 
 class ScaledModel:

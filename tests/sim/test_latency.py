@@ -113,3 +113,46 @@ def test_profile_model_charges_unequal_contexts_through_max_kv(tmp_path):
     old = [(r, r, r * 500.0, r * 500, 1e-3 * r) for r in range(1, 21)]
     write_profile(tmp_path / "old.csv", old)
     assert ProfileModel(tmp_path / "old.csv").predict(2, 2, 1000.0, 1000, 500) > 0
+
+
+def test_profile_model_follows_small_decode_batches_that_cost_more_than_larger_ones(tmp_path):
+    """A GEMM of 2 or 3 rows that costs more than one of 4 (the LM head on one CPU
+    thread): each small decode-only batch gets its own term, so the fit follows
+    the measured sizes; steps with a prefill, sizes past the table and sizes the
+    profile has too few rows of keep the smooth model."""
+    rng = np.random.default_rng(3)
+    bump = {2: 1.5e-3, 3: 3.5e-3}  # seconds on top of a smooth cost
+    lines = ["kind,num_reqs,num_tokens,attn_pairs,kv_tokens,max_kv,latency_s"]
+    for _ in range(400):
+        reqs = int(rng.integers(1, 40))
+        ctx = int(rng.integers(64, 1024))
+        chunk = int(rng.choice([0, 0, 0, 64, 256]))
+        tokens, kv = reqs + chunk, reqs * ctx + chunk
+        lat = 2e-3 + 4e-4 * reqs + 2e-6 * tokens + 1e-8 * kv + (0 if chunk else bump.get(reqs, 0))
+        pairs = float(reqs * ctx + chunk * chunk / 2)
+        lines.append(f"step,{reqs},{tokens},{pairs},{kv},{ctx},{lat}")
+    path = tmp_path / "small.csv"
+    path.write_text("\n".join(lines) + "\n")
+    model = ProfileModel(path)
+    assert model.fit_rel_error < 0.01
+
+    def decode(n):
+        return model.predict(n, n, float(n * 500), n * 500, 500)
+
+    assert decode(3) > decode(4) > decode(1)
+    assert decode(3) - decode(4) == pytest.approx(3.5e-3 - 4e-4 - 2e-6 - 5e-6, rel=0.1)
+    # A prefill chunk beside 3 decodes pays no decode-size term.
+    mixed = model.predict(3, 3 + 64, 1500.0 + 2048, 1500 + 64, 500)
+    assert mixed == pytest.approx(2e-3 + 12e-4 + 2e-6 * 67 + 1e-8 * 1564, rel=0.05)
+    # Vectorized predictions agree exactly, decode and mixed steps alike.
+    reqs = np.array([1, 2, 3, 4, 3, 17, 40], dtype=float)
+    tokens = reqs + np.array([0, 0, 0, 0, 64, 0, 0])
+    kv = reqs * 500
+    many = model.predict_many(reqs, tokens, kv.astype(float), kv, np.full(7, 500.0))
+    one = [model.predict(r, t, float(k), k, 500.0) for r, t, k in zip(reqs, tokens, kv)]
+    assert many.tolist() == one
+    # Sizes with fewer than DECODE_SIZE_ROWS rows get no term of their own.
+    few = [line for line in lines if not line.startswith("step,3,3,")]
+    few += [line for line in lines if line.startswith("step,3,3,")][:2]
+    (tmp_path / "few.csv").write_text("\n".join(few) + "\n")
+    assert ProfileModel(tmp_path / "few.csv")._decode_extra[3] == 0.0
