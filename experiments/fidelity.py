@@ -230,6 +230,73 @@ def step_errors(real_dir: Path, model) -> dict:
     return row
 
 
+def size_bucket(num_reqs: int) -> int:
+    """A batch size as :func:`steps_by_size` groups it: each size up to 16, then
+    the power of two at or above it."""
+    top = 16
+    while num_reqs > top:
+        top *= 2
+    return num_reqs if num_reqs <= 16 else top
+
+
+def size_label(bucket: int) -> str:
+    return str(bucket) if bucket <= 16 else f"{bucket // 2 + 1}-{bucket}"
+
+
+def steps_by_size(runs: dict[str, list[tuple[Path, object]]]) -> pd.DataFrame:
+    """The latency model on the real runs' own steps, by batch composition: for
+    each trace (all its real runs, each with its pair's model), decode-only steps
+    and steps with a prefill chunk, by the number of requests in the batch; their
+    share of the busy time and the model's error on them (predicted / real - 1).
+    ``err_vs_trace`` divides out the trace's overall error, which the machine's
+    speed sets: what is left is where the model's shape misses."""
+    rows = []
+    for trace, measured in runs.items():
+        frames = []
+        for run_dir, model in measured:
+            steps = pd.read_csv(run_dir / "steps.csv")
+            steps = steps[steps["num_reqs"] > 0]
+            frames.append(steps.assign(pred=predicted_steps(steps, model)))
+        if not frames:
+            continue
+        steps = pd.concat(frames)
+        busy = steps["latency_s"].sum()
+        level = steps["pred"].sum() / busy
+        kind = np.where(steps["num_prefill_tokens"] > 0, "with prefill", "decode only")
+        bucket = steps["num_reqs"].astype(int).map(size_bucket)
+        for (k, b), g in steps.groupby([kind, bucket]):
+            err = g["pred"].sum() / g["latency_s"].sum()
+            rows.append(
+                dict(
+                    trace=trace,
+                    step=k,
+                    num_reqs=size_label(int(b)),
+                    steps=len(g),
+                    busy_share=g["latency_s"].sum() / busy,
+                    err=err - 1,
+                    err_vs_trace=err / level - 1,
+                )
+            )
+    return pd.DataFrame(rows)
+
+
+def sizes_markdown(sizes: pd.DataFrame, least: float = 0.005) -> str:
+    """:func:`steps_by_size` as Markdown, leaving out compositions under ``least``
+    of a trace's busy time."""
+    if sizes.empty:
+        return ""
+    lines = [
+        "| trace | step | requests | steps | busy time | model error | beside the trace's |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for _, r in sizes[sizes["busy_share"] >= least].iterrows():
+        lines.append(
+            f"| {r['trace']} | {r['step']} | {r['num_reqs']} | {r['steps']} "
+            f"| {r['busy_share']:.1%} | {r['err']:+.1%} | {r['err_vs_trace']:+.1%} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def own_speed(steps: dict) -> float:
     """The factor that scales the latency model to a real run's own speed: its
     busy time over the model's prediction of the same steps (from
@@ -741,6 +808,7 @@ def main() -> None:
         pass_dirs = [d.resolve() for d in pass_dirs]
     rows, pairs = [], []
     by_trace: dict[str, dict[str, PairRuns]] = {}
+    by_size: dict[str, list[tuple[Path, object]]] = {}  # trace: its real runs, their model
     for trace, (cap, rate, common) in plans.items():
         here = runs / trace
         for policy in args.policies:
@@ -756,6 +824,7 @@ def main() -> None:
                 real = average_runs(measured, here / f"{policy}-real-mean")
             sim = simulate(both, here / f"{policy}-sim")
             pair_runs = by_trace.setdefault(trace, {})[policy] = PairRuns(sim, measured)
+            by_size.setdefault(trace, []).extend((r, model) for r in measured)
             steps = step_errors(real, model)
             row = dict(
                 trace=trace,
@@ -861,9 +930,13 @@ def main() -> None:
     effects.to_csv(out / "policy_effects.csv", index=False, float_format="%.6g")
     orders.to_csv(out / "policy_orders.csv", index=False)
     effects_md = effects_markdown(effects, orders)
+    sizes = steps_by_size(by_size)
+    sizes.to_csv(out / "steps_by_size.csv", index=False, float_format="%.6g")
+    sizes_md = sizes_markdown(sizes)
     (out / "fidelity.md").write_text(
         markdown(table)
         + (f"\n## Policy effects against {args.policies[0]}\n\n" + effects_md if effects_md else "")
+        + ("\n## The latency model on the real steps, by batch\n\n" + sizes_md if sizes_md else "")
     )
     meta = dict(
         date=time.strftime("%Y-%m-%d"),
@@ -882,6 +955,7 @@ def main() -> None:
         rows=rows,
         policy_effects=effects.to_dict("records"),
         policy_orders=orders.to_dict("records"),
+        steps_by_size=sizes.to_dict("records"),
     )
     (out / "fidelity.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot(pairs, out / "fidelity.png")
@@ -906,6 +980,8 @@ def main() -> None:
         if not effects.empty:
             logged["policy_effects"] = wandb.Table(dataframe=effects)
             logged["policy_orders"] = wandb.Table(dataframe=orders)
+        if not sizes.empty:
+            logged["steps_by_size"] = wandb.Table(dataframe=sizes)
         run.log(logged)
         run.finish()
     print(f"wrote {out}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -113,8 +114,17 @@ def test_fidelity_script_end_to_end_then_reanalysed_from_its_real_runs(tmp_path,
     (runs2,) = (tmp_path / "runs2").iterdir()
     assert not [p for p in runs2.glob("*/*-real*") if not p.name.endswith("-mean")]
     pd.testing.assert_frame_equal(first, again)
-    table = (tmp_path / "out" / "fidelity.md").read_text().splitlines()
+    markdown = (tmp_path / "out" / "fidelity.md").read_text()
+    table = markdown.split("\n\n")[0].splitlines()
     assert len(table) == 2 + len(again) and table[3].startswith("| synthetic | fcfs |")
+    # The latency model on both runs' steps by batch: shares of the busy time that
+    # add up, and errors that add up to the pair's over all steps.
+    sizes = pd.read_csv(tmp_path / "out" / "steps_by_size.csv")
+    assert set(sizes["step"]) <= {"decode only", "with prefill"} and len(sizes) > 2
+    assert sizes["busy_share"].sum() == pytest.approx(1, rel=1e-4)
+    level = (sizes["busy_share"] * (1 + sizes["err"])).sum()
+    assert level == pytest.approx(1 + fcfs["step_err_total"], rel=1e-4)
+    assert "## The latency model on the real steps, by batch" in markdown
     # One repeat and --noise: the first run alone, the second as the noise floor.
     noise = main("runs3", "--noise", "--reuse", str(runs))
     assert noise.iloc[0]["err_tpot_s_mean"] == first.iloc[0]["err_tpot_s_mean"]
@@ -319,3 +329,69 @@ def test_policy_effects_compare_what_sim_and_real_say_about_the_policies(tmp_pat
         "| t | e2e_s_mean | sjf < fcfs < priority < vtc | sjf < vtc < fcfs < priority | 4 / 6 |"
         in md
     )
+
+
+def test_steps_by_size_groups_the_real_steps_and_divides_out_the_machine(tmp_path):
+    """Made-up runs and a model that predicts 3-request decodes 50% slow and
+    everything else 10% fast: the per-size errors, their shares and the error
+    beside the trace's overall one."""
+    from experiments.fidelity import size_label, steps_by_size
+
+    class Model:
+        def predict_many(self, num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv):
+            three = (num_reqs == 3) & (num_tokens == 3)
+            return np.where(three, 1.5, 0.9) * kv_tokens * 1e-6
+
+    for run, sizes in (("a", (1, 3, 3, 40)), ("b", (3, 8, 70))):
+        rows = [
+            dict(
+                num_reqs=n,
+                num_prefill_tokens=0,
+                num_decode_tokens=n,
+                attn_pairs=1e4,
+                kv_tokens=1e4,
+                max_kv=1e3,
+                latency_s=1e-2,
+            )
+            for n in sizes
+        ]
+        rows.append(
+            dict(
+                num_reqs=3,
+                num_prefill_tokens=64,
+                num_decode_tokens=2,
+                attn_pairs=1e4,
+                kv_tokens=1e4,
+                max_kv=1e3,
+                latency_s=1e-2,
+            )
+        )
+        rows.append(
+            dict(
+                num_reqs=0,
+                num_prefill_tokens=0,
+                num_decode_tokens=0,
+                attn_pairs=0,
+                kv_tokens=0,
+                max_kv=0,
+                latency_s=0.0,
+            )
+        )  # idle
+        (tmp_path / run).mkdir()
+        pd.DataFrame(rows).to_csv(tmp_path / run / "steps.csv", index=False)
+    table = steps_by_size({"t": [(tmp_path / "a", Model()), (tmp_path / "b", Model())]})
+    by = {(r.step, r.num_reqs): r for r in table.itertuples()}
+    assert set(by) == {
+        ("decode only", "1"),
+        ("decode only", "3"),
+        ("decode only", "8"),
+        ("decode only", "33-64"),
+        ("decode only", "65-128"),
+        ("with prefill", "3"),
+    }
+    assert by[("decode only", "3")].steps == 3 and by[("decode only", "3")].busy_share == 3 / 9
+    assert by[("decode only", "3")].err == pytest.approx(0.5)
+    assert by[("with prefill", "3")].err == pytest.approx(-0.1)
+    level = (3 * 1.5 + 6 * 0.9) / 9
+    assert by[("decode only", "8")].err_vs_trace == pytest.approx(0.9 / level - 1)
+    assert [size_label(b) for b in (16, 32, 64)] == ["16", "17-32", "33-64"]
