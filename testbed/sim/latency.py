@@ -281,11 +281,15 @@ class ProfileModel:
             f"{self.header.get('date', '?')})"
         )
 
-    def predict(self, num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv) -> float:
+    def _smooth(self, num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv):
         total = 0.0
         basis = profile_basis(num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv)
         for c, b in zip(self._coef, basis, strict=True):
             total = total + c * b
+        return total
+
+    def predict(self, num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv) -> float:
+        total = self._smooth(num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv)
         if num_tokens == num_reqs <= DECODE_SIZES:
             total = total + self._decode_extra[int(num_reqs)]
         return total
@@ -295,10 +299,7 @@ class ProfileModel:
         in the same order (exact agreement)."""
         if not isinstance(num_reqs, np.ndarray) and not isinstance(num_tokens, np.ndarray):
             return self.predict(num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv)
-        total = 0.0
-        basis = profile_basis(num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv)
-        for c, b in zip(self._coef, basis, strict=True):
-            total = total + c * b
+        total = self._smooth(num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv)
         return total + np.asarray(self._decode_extra)[decode_size(num_reqs, num_tokens)]
 
 
