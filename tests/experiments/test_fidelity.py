@@ -342,41 +342,22 @@ def test_steps_by_size_groups_the_real_steps_and_divides_out_the_machine(tmp_pat
             three = (num_reqs == 3) & (num_tokens == 3)
             return np.where(three, 1.5, 0.9) * kv_tokens * 1e-6
 
-    for run, sizes in (("a", (1, 3, 3, 40)), ("b", (3, 8, 70))):
-        rows = [
-            dict(
-                num_reqs=n,
-                num_prefill_tokens=0,
-                num_decode_tokens=n,
-                attn_pairs=1e4,
-                kv_tokens=1e4,
-                max_kv=1e3,
-                latency_s=1e-2,
-            )
-            for n in sizes
-        ]
-        rows.append(
-            dict(
-                num_reqs=3,
-                num_prefill_tokens=64,
-                num_decode_tokens=2,
-                attn_pairs=1e4,
-                kv_tokens=1e4,
-                max_kv=1e3,
-                latency_s=1e-2,
-            )
+    def step(reqs, prefill=0, decode=None, work=1e4, latency=1e-2):
+        decode = reqs if decode is None else decode
+        return dict(
+            num_reqs=reqs,
+            num_prefill_tokens=prefill,
+            num_decode_tokens=decode,
+            attn_pairs=work,
+            kv_tokens=work,
+            max_kv=work / 10,
+            latency_s=latency,
         )
-        rows.append(
-            dict(
-                num_reqs=0,
-                num_prefill_tokens=0,
-                num_decode_tokens=0,
-                attn_pairs=0,
-                kv_tokens=0,
-                max_kv=0,
-                latency_s=0.0,
-            )
-        )  # idle
+
+    for run, sizes in (("a", (1, 3, 3, 40)), ("b", (3, 8, 70))):
+        rows = [step(n) for n in sizes]
+        rows.append(step(3, prefill=64, decode=2))
+        rows.append(step(0, work=0, latency=0.0))  # idle
         (tmp_path / run).mkdir()
         pd.DataFrame(rows).to_csv(tmp_path / run / "steps.csv", index=False)
     table = steps_by_size({"t": [(tmp_path / "a", Model()), (tmp_path / "b", Model())]})
