@@ -8,6 +8,10 @@ the table shows the achieved bandwidth and the fraction of that roofline.
 
     python benchmarks/decode_step.py --model llama3-8b --batch 1 64 256 --context 1024
     python benchmarks/decode_step.py --model dummy-llama --device cpu   # a smoke run
+    # small batches on one CPU thread: 3 decodes cost more than 4 (the LM head)
+    python benchmarks/decode_step.py --model dummy-llama --device cpu --threads 1 \
+        --batch 1 2 3 4 5 6 7 8 --context 256 --repeats 30 \
+        --out benchmarks/results/decode_step_cpu1.json
 
 Without CUDA (and without ``--device cpu``) it prints that nothing was measured.
 """
@@ -95,11 +99,14 @@ def main() -> None:
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--device", default=None)
     ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=None, help="torch's CPU threads")
     ap.add_argument("--out", default="benchmarks/results/decode_step.json")
     args = ap.parse_args()
     if args.device is None and not torch.cuda.is_available():
         print("no CUDA device: nothing measured")
         return
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device or "cuda")
     cfg, _, name = resolve_model(args.model)
     model = build_model(cfg, None, pick_dtype(None, device), device)
@@ -136,7 +143,9 @@ def main() -> None:
             f"{batch:>6} {t * 1e3:>9.2f} {floor * 1e3:>12.2f} {(weights + kv) / t / 1e9:>8.0f} "
             f"{(100 * floor / t) if bw else float('nan'):>10.1f}%"
         )
-    write_results(args.out, "decode_step", rows, backend=args.backend)
+    write_results(
+        args.out, "decode_step", rows, backend=args.backend, threads=torch.get_num_threads()
+    )
 
 
 if __name__ == "__main__":
