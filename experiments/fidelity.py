@@ -67,6 +67,10 @@ in each run can be told from the simulator (``own_each_err_*``,
 only where requests wait and, for priority and vtc, where the trace has
 classes and tenants (``trace.priority_classes``, ``trace.num_tenants``).
 
+Where the latency model's shape misses, apart from the machine's speed, is in
+``steps_by_size.csv`` (and a section of ``fidelity.md``): the model on all of a
+trace's real steps by batch composition (:func:`steps_by_size`).
+
     python experiments/fidelity.py --policies fcfs sjf priority vtc \\
         --traces azure_conv mooncake_conv:prompt_scale=0.0625 --num-requests 200
 
