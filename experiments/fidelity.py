@@ -209,17 +209,25 @@ def predicted_steps(steps: pd.DataFrame, model) -> np.ndarray:
     )
 
 
-def step_errors(real_dir: Path, model) -> dict:
+def busy_steps(run_dir: Path, model) -> pd.DataFrame:
+    """A run's ``steps.csv`` without its idle rows, with the latency model's
+    prediction of each step (``pred_s``)."""
+    steps = pd.read_csv(run_dir / "steps.csv")
+    steps = steps[steps["num_reqs"] > 0]
+    return steps.assign(pred_s=predicted_steps(steps, model))
+
+
+def step_errors(real_dir: Path | pd.DataFrame, model=None) -> dict:
     """The latency model against the real run's own steps: each measured step's
     composition predicted (sim / real - 1), free of any difference in schedule.
     ``total``: the summed busy time; ``median``: the typical step;
     ``per_request``: each step counted once per request in its batch, as the
     requests' latencies add it up (what mean TPOT and E2E average: a large batch
     weighs as much as the requests that wait on it); split into steps with a
-    prefill chunk and plain decode steps."""
-    steps = pd.read_csv(real_dir / "steps.csv")
-    steps = steps[steps["num_reqs"] > 0]
-    pred = predicted_steps(steps, model)
+    prefill chunk and plain decode steps. ``real_dir``: the run's folder (with
+    ``model``), or its :func:`busy_steps` already predicted."""
+    steps = real_dir if isinstance(real_dir, pd.DataFrame) else busy_steps(real_dir, model)
+    pred = steps["pred_s"].to_numpy(float)
     real = steps["latency_s"].to_numpy(float)
     row = {
         "step_err_total": float(pred.sum() / real.sum() - 1),
@@ -237,39 +245,31 @@ def step_errors(real_dir: Path, model) -> dict:
 def size_bucket(num_reqs: int) -> int:
     """A batch size as :func:`steps_by_size` groups it: each size up to 16, then
     the power of two at or above it."""
-    top = 16
-    while num_reqs > top:
-        top *= 2
-    return num_reqs if num_reqs <= 16 else top
+    return num_reqs if num_reqs <= 16 else 1 << (num_reqs - 1).bit_length()
 
 
 def size_label(bucket: int) -> str:
     return str(bucket) if bucket <= 16 else f"{bucket // 2 + 1}-{bucket}"
 
 
-def steps_by_size(runs: dict[str, list[tuple[Path, object]]]) -> pd.DataFrame:
+def steps_by_size(runs: dict[str, list[pd.DataFrame]]) -> pd.DataFrame:
     """The latency model on the real runs' own steps, by batch composition: for
-    each trace (all its real runs, each with its pair's model), decode-only steps
+    each trace (the :func:`busy_steps` of all its real runs), decode-only steps
     and steps with a prefill chunk, by the number of requests in the batch; their
     share of the busy time and the model's error on them (predicted / real - 1).
     ``err_vs_trace`` divides out the trace's overall error, which the machine's
     speed sets: what is left is where the model's shape misses."""
     rows = []
-    for trace, measured in runs.items():
-        frames = []
-        for run_dir, model in measured:
-            steps = pd.read_csv(run_dir / "steps.csv")
-            steps = steps[steps["num_reqs"] > 0]
-            frames.append(steps.assign(pred=predicted_steps(steps, model)))
+    for trace, frames in runs.items():
         if not frames:
             continue
         steps = pd.concat(frames)
         busy = steps["latency_s"].sum()
-        level = steps["pred"].sum() / busy
+        level = steps["pred_s"].sum() / busy
         kind = np.where(steps["num_prefill_tokens"] > 0, "with prefill", "decode only")
         bucket = steps["num_reqs"].astype(int).map(size_bucket)
         for (k, b), g in steps.groupby([kind, bucket]):
-            err = g["pred"].sum() / g["latency_s"].sum()
+            err = g["pred_s"].sum() / g["latency_s"].sum()
             rows.append(
                 dict(
                     trace=trace,
@@ -812,7 +812,7 @@ def main() -> None:
         pass_dirs = [d.resolve() for d in pass_dirs]
     rows, pairs = [], []
     by_trace: dict[str, dict[str, PairRuns]] = {}
-    by_size: dict[str, list[tuple[Path, object]]] = {}  # trace: its real runs, their model
+    by_size: dict[str, list[pd.DataFrame]] = {}  # trace: its real runs' busy_steps
     for trace, (cap, rate, common) in plans.items():
         here = runs / trace
         for policy in args.policies:
@@ -828,8 +828,9 @@ def main() -> None:
                 real = average_runs(measured, here / f"{policy}-real-mean")
             sim = simulate(both, here / f"{policy}-sim")
             pair_runs = by_trace.setdefault(trace, {})[policy] = PairRuns(sim, measured)
-            by_size.setdefault(trace, []).extend((r, model) for r in measured)
-            steps = step_errors(real, model)
+            predicted = [busy_steps(r, model) for r in measured]  # each run read once
+            by_size.setdefault(trace, []).extend(predicted)
+            steps = step_errors(pd.concat(predicted))  # the runs' steps together
             row = dict(
                 trace=trace,
                 policy=policy,
@@ -842,9 +843,10 @@ def main() -> None:
             if len(measured) > 1:
                 # Every run alone at its own speed: how much of the runs' spread
                 # the machine's speed explains, and the policy effects round by round.
-                for k, r in enumerate(measured):
+                for k, run_steps in enumerate(predicted):
                     own_dir = here / f"{policy}-sim-own-speed-{k + 1}"
-                    pair_runs.own.append(simulate(both, own_dir, own_speed(step_errors(r, model))))
+                    speed_k = own_speed(step_errors(run_steps))
+                    pair_runs.own.append(simulate(both, own_dir, speed_k))
                 row.update(repeat_spread(sim, measured, pair_runs.own))
             if len(pass_dirs) > 1:
                 # One simulation per profiler pass, their metrics averaged: the

@@ -30,14 +30,13 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from experiments.fidelity import predicted_steps  # noqa: E402
+from experiments.fidelity import busy_steps  # noqa: E402
 from testbed.sim.latency import ProfileModel  # noqa: E402
 
 
 def run_factors(run: Path, model: ProfileModel, reference: float, window: float):
     """(the run's row, its windows' rows)."""
-    steps = pd.read_csv(run / "steps.csv")
-    steps = steps[steps["num_reqs"] > 0].assign(pred_s=lambda s: predicted_steps(s, model))
+    steps = busy_steps(run, model)
     probe = pd.read_csv(run / "idle_probe.csv")
     row = dict(
         run=f"{run.parent.name}/{run.name}",

@@ -290,7 +290,7 @@ class ProfileModel:
 
     def predict(self, num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv) -> float:
         total = self._smooth(num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv)
-        if num_tokens == num_reqs <= DECODE_SIZES:
+        if num_tokens == num_reqs <= DECODE_SIZES:  # decode_size, for one step
             total = total + self._decode_extra[int(num_reqs)]
         return total
 

@@ -205,6 +205,7 @@ def test_idle_probe_tracking_compares_the_probe_with_the_runs_own_speed(tmp_path
     import numpy as np
 
     from experiments import idle_probe_tracking as tracking
+    from experiments.fidelity import predicted_steps
     from testbed.profiling.profiler import write_profile
     from testbed.sim.latency import ProfileModel, read_profile_header
 
@@ -228,7 +229,7 @@ def test_idle_probe_tracking_compares_the_probe_with_the_runs_own_speed(tmp_path
     steps["num_decode_tokens"] = steps["num_reqs"]
     steps["kv_tokens"] = steps["num_reqs"] * steps["max_kv"]
     steps["attn_pairs"] = steps["kv_tokens"]
-    steps["latency_s"] = 1.2 * tracking.predicted_steps(steps, model)
+    steps["latency_s"] = 1.2 * predicted_steps(steps, model)
     for name, probe in (("fcfs-real", 0.012), ("sjf-real", 0.01)):
         run = runs / "synthetic" / name
         run.mkdir(parents=True)
@@ -335,7 +336,7 @@ def test_steps_by_size_groups_the_real_steps_and_divides_out_the_machine(tmp_pat
     """Made-up runs and a model that predicts 3-request decodes 50% slow and
     everything else 10% fast: the per-size errors, their shares and the error
     beside the trace's overall one."""
-    from experiments.fidelity import size_label, steps_by_size
+    from experiments.fidelity import busy_steps, size_bucket, size_label, steps_by_size
 
     class Model:
         def predict_many(self, num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv):
@@ -360,7 +361,7 @@ def test_steps_by_size_groups_the_real_steps_and_divides_out_the_machine(tmp_pat
         rows.append(step(0, work=0, latency=0.0))  # idle
         (tmp_path / run).mkdir()
         pd.DataFrame(rows).to_csv(tmp_path / run / "steps.csv", index=False)
-    table = steps_by_size({"t": [(tmp_path / "a", Model()), (tmp_path / "b", Model())]})
+    table = steps_by_size({"t": [busy_steps(tmp_path / r, Model()) for r in ("a", "b")]})
     by = {(r.step, r.num_reqs): r for r in table.itertuples()}
     assert set(by) == {
         ("decode only", "1"),
@@ -375,4 +376,5 @@ def test_steps_by_size_groups_the_real_steps_and_divides_out_the_machine(tmp_pat
     assert by[("with prefill", "3")].err == pytest.approx(-0.1)
     level = (3 * 1.5 + 6 * 0.9) / 9
     assert by[("decode only", "8")].err_vs_trace == pytest.approx(0.9 / level - 1)
+    assert [size_bucket(n) for n in (16, 17, 32, 33, 64, 65)] == [16, 32, 32, 64, 64, 128]
     assert [size_label(b) for b in (16, 32, 64)] == ["16", "17-32", "33-64"]
