@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from testbed.engine.config import ModelConfig
-from testbed.engine.llm import models_dir
+from testbed.engine.llm import models_dir, resolve_model
+from testbed.engine.model import CPU_WIDE_LOGITS_ROWS
 from testbed.engine.weights import build_model
 from tests.engine.helpers import ARCHS, run_prefill, write_hf_model
 
@@ -42,3 +43,17 @@ def test_logits_match_transformers_on_the_shared_tinystories_model():
     torch.testing.assert_close(
         run_prefill(ours(folder), prompt, chunk=4), expected, rtol=1e-4, atol=1e-4
     )
+
+
+def test_cpu_logits_of_few_rows_equal_the_plain_product():
+    # On a CPU, up to CPU_WIDE_LOGITS_ROWS rows take W·hᵀ (a faster MKL path):
+    # the same logits, row for row, as the plain h·Wᵀ, and a contiguous tensor.
+    cfg, _, _ = resolve_model("dummy-llama")
+    model = build_model(cfg, None, torch.float32, torch.device("cpu"))
+    w = model.lm_head.weight
+    for rows in [0, 1, 2, 3, CPU_WIDE_LOGITS_ROWS, CPU_WIDE_LOGITS_ROWS + 1]:
+        hidden = torch.randn(rows, cfg.hidden_size, generator=torch.Generator().manual_seed(rows))
+        got = model.logits(hidden)
+        assert got.shape == (rows, cfg.vocab_size) and got.is_contiguous()
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, hidden @ w.T, rtol=1e-5, atol=1e-5)
