@@ -8,7 +8,8 @@ the table shows the achieved bandwidth and the fraction of that roofline.
 
     python benchmarks/decode_step.py --model llama3-8b --batch 1 64 256 --context 1024
     python benchmarks/decode_step.py --model dummy-llama --device cpu   # a smoke run
-    # small batches on one CPU thread: 3 decodes cost more than 4 (the LM head)
+    # small batches on one CPU thread (the committed JSON predates the engine's
+    # W·hᵀ LM head, when 3 decodes cost more than 4; see benchmarks/lm_head.py)
     python benchmarks/decode_step.py --model dummy-llama --device cpu --threads 1 \
         --batch 1 2 3 4 5 6 7 8 --context 256 --repeats 30 \
         --out benchmarks/results/decode_step_cpu1.json

@@ -2,7 +2,7 @@
 
 For each number of sampled rows, times the vocabulary projection of the
 default model both ways (``torch.nn.functional.linear`` and ``CausalLM.logits``,
-which takes W·hᵀ for up to ``CPU_WIDE_LOGITS_ROWS`` rows on a CPU), and a whole
+which takes W·hᵀ for up to ``cpu_wide_logits_rows`` rows on a CPU), and a whole
 decode step of the engine's model with each (``--context`` cached tokens per
 request). The two forms alternate round by round, so a drift of the machine
 falls on both; the table gives the median of the rounds and the ratio.
@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_results
 from decode_step import step_time
 
-import testbed.engine.model as model_mod
 from testbed.engine.llm import pick_dtype, resolve_model, select_backend
+from testbed.engine.model import CausalLM
 from testbed.engine.weights import build_model
 
 
@@ -47,14 +47,12 @@ def alternate(measure_plain, measure_wide, rounds: int) -> tuple[float, float]:
     return statistics.median(plain), statistics.median(wide)
 
 
-def with_rows_limit(limit: int, fn):
+def with_rows_limit(model, limit: int, fn):
+    """``fn`` with the model taking W·hᵀ for up to ``limit`` rows (0: never)."""
+
     def run():
-        saved = model_mod.CPU_WIDE_LOGITS_ROWS
-        model_mod.CPU_WIDE_LOGITS_ROWS = limit
-        try:
-            return fn()
-        finally:
-            model_mod.CPU_WIDE_LOGITS_ROWS = saved
+        model.cpu_wide_logits_rows = limit
+        return fn()
 
     return run
 
@@ -66,7 +64,7 @@ def measure(model, backend, n: int, args) -> dict:
     with torch.inference_mode():
         head_plain, head_wide = alternate(
             lambda: head_time(lambda h: torch.nn.functional.linear(h, w), hidden, args.calls),
-            with_rows_limit(n, lambda: head_time(model.logits, hidden, args.calls)),
+            with_rows_limit(model, n, lambda: head_time(model.logits, hidden, args.calls)),
             args.rounds,
         )
 
@@ -74,14 +72,15 @@ def measure(model, backend, n: int, args) -> dict:
         return step_time(model, backend, n, args.context, 16, torch.device("cpu"), args.steps)[0]
 
     step_plain, step_wide = alternate(
-        with_rows_limit(0, step), with_rows_limit(n, step), args.rounds
+        with_rows_limit(model, 0, step), with_rows_limit(model, n, step), args.rounds
     )
+    del model.cpu_wide_logits_rows  # back to the engine's own limit
     return dict(
         head_plain_s=head_plain,
         head_wide_s=head_wide,
         step_plain_s=step_plain,
         step_wide_s=step_wide,
-        engine_uses_wide=n <= model_mod.CPU_WIDE_LOGITS_ROWS,
+        engine_uses_wide=n <= CausalLM.cpu_wide_logits_rows,
     )
 
 
@@ -125,7 +124,7 @@ def main() -> None:
         rows,
         context=args.context,
         rounds=args.rounds,
-        engine_wide_rows=model_mod.CPU_WIDE_LOGITS_ROWS,
+        engine_wide_rows=CausalLM.cpu_wide_logits_rows,
         torch=torch.__version__,
     )
 

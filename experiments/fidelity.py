@@ -217,16 +217,15 @@ def busy_steps(run_dir: Path, model) -> pd.DataFrame:
     return steps.assign(pred_s=predicted_steps(steps, model))
 
 
-def step_errors(real_dir: Path | pd.DataFrame, model=None) -> dict:
+def step_errors(steps: pd.DataFrame) -> dict:
     """The latency model against the real run's own steps: each measured step's
     composition predicted (sim / real - 1), free of any difference in schedule.
     ``total``: the summed busy time; ``median``: the typical step;
     ``per_request``: each step counted once per request in its batch, as the
     requests' latencies add it up (what mean TPOT and E2E average: a large batch
     weighs as much as the requests that wait on it); split into steps with a
-    prefill chunk and plain decode steps. ``real_dir``: the run's folder (with
-    ``model``), or its :func:`busy_steps` already predicted."""
-    steps = real_dir if isinstance(real_dir, pd.DataFrame) else busy_steps(real_dir, model)
+    prefill chunk and plain decode steps. ``steps``: a run's :func:`busy_steps`
+    (or several runs' together)."""
     pred = steps["pred_s"].to_numpy(float)
     real = steps["latency_s"].to_numpy(float)
     row = {

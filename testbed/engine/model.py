@@ -161,13 +161,12 @@ class Backbone(nn.Module):
         self.rotary_emb = RotaryEmbedding(cfg)
 
 
-# On a CPU, batches of up to this many sampled rows compute the LM head as W·hᵀ.
-CPU_WIDE_LOGITS_ROWS = 11
-
-
 class CausalLM(nn.Module):
     """``forward`` returns hidden states of every token; ``logits`` projects the few
     that sample (computing the vocabulary projection for all would waste it)."""
+
+    # On a CPU, up to this many sampled rows (float32) compute the LM head as W·hᵀ.
+    cpu_wide_logits_rows = 11
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -187,9 +186,9 @@ class CausalLM(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         rows, w = hidden.shape[0], self.lm_head.weight
         if (
-            hidden.device.type == "cpu"
+            rows <= self.cpu_wide_logits_rows
+            and w.device.type == "cpu"
             and w.dtype == torch.float32
-            and rows <= CPU_WIDE_LOGITS_ROWS
         ):
             # MKL's float32 GEMM is slow for a few rows times a wide matrix (2 or 3
             # rows of the 32000-word head cost more than 4) but fast as W·hᵀ with

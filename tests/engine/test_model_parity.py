@@ -7,7 +7,7 @@ import torch
 
 from testbed.engine.config import ModelConfig
 from testbed.engine.llm import models_dir, resolve_model
-from testbed.engine.model import CPU_WIDE_LOGITS_ROWS
+from testbed.engine.model import CausalLM
 from testbed.engine.weights import build_model
 from tests.engine.helpers import ARCHS, run_prefill, write_hf_model
 
@@ -46,12 +46,13 @@ def test_logits_match_transformers_on_the_shared_tinystories_model():
 
 
 def test_cpu_logits_of_few_rows_equal_the_plain_product():
-    # On a CPU, up to CPU_WIDE_LOGITS_ROWS rows take W·hᵀ (a faster MKL path):
+    # On a CPU, up to cpu_wide_logits_rows rows take W·hᵀ (a faster MKL path):
     # the same logits, row for row, as the plain h·Wᵀ, and a contiguous tensor.
     cfg, _, _ = resolve_model("dummy-llama")
     model = build_model(cfg, None, torch.float32, torch.device("cpu"))
     w = model.lm_head.weight
-    for rows in [0, 1, 2, 3, CPU_WIDE_LOGITS_ROWS, CPU_WIDE_LOGITS_ROWS + 1]:
+    wide = CausalLM.cpu_wide_logits_rows
+    for rows in [0, 1, 2, 3, wide, wide + 1]:
         hidden = torch.randn(rows, cfg.hidden_size, generator=torch.Generator().manual_seed(rows))
         got = model.logits(hidden)
         assert got.shape == (rows, cfg.vocab_size) and got.is_contiguous()

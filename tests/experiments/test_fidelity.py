@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments.fidelity import compare, scaled_errors, step_errors
+from experiments.fidelity import busy_steps, compare, scaled_errors, step_errors
 from testbed.runner import latency_model
 from tests.sim.test_runs import compose_cfg, run_from_config
 
@@ -47,7 +47,8 @@ def test_sim_predicts_the_real_engine_on_a_short_trace(tmp_path):
     assert err["e2e_corr"] > 0.9, err
     # The latency model on the real run's own steps, apart from the schedule: a
     # profile off by 2x fails here.
-    steps = step_errors(tmp_path / "real", latency_model(compose_cfg("mode=sim", *SHORT)))
+    model = latency_model(compose_cfg("mode=sim", *SHORT))
+    steps = step_errors(busy_steps(tmp_path / "real", model))
     assert abs(steps["step_err_total"]) < 0.35, steps
     assert set(steps) >= {"step_err_median", "step_err_decode_total"}, steps
     assert abs(steps["step_err_per_request"]) < 0.35, steps
@@ -336,7 +337,7 @@ def test_steps_by_size_groups_the_real_steps_and_divides_out_the_machine(tmp_pat
     """Made-up runs and a model that predicts 3-request decodes 50% slow and
     everything else 10% fast: the per-size errors, their shares and the error
     beside the trace's overall one."""
-    from experiments.fidelity import busy_steps, size_bucket, size_label, steps_by_size
+    from experiments.fidelity import size_bucket, size_label, steps_by_size
 
     class Model:
         def predict_many(self, num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv):
