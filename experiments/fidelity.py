@@ -39,6 +39,15 @@ minutes). ``--reuse RUNS_DIR`` takes the real runs (and the profile) of an
 earlier invocation and re-simulates only: a change to the simulator or the
 latency model is checked against the same real runs in seconds.
 
+Each pair is also simulated at its neighbours' speed (``nb_err_*``): every
+step scaled by the mean own speed of the nearest real runs of the same trace and
+other policies, two before and two after each of the pair's runs
+(:func:`neighbour_speeds`). It is calibrated on the real engine's step records,
+but never on the pair's own: a simulator kept calibrated by the engine's recent
+runs of other policies, predicting this one. On the 2-core VM the machine's
+speed wanders by several percent between minutes-apart measurements, which a
+profile taken at another time cannot follow but runs minutes away mostly do.
+
 With ``--speed-probe`` the machine's speed is measured (a few seconds of fixed
 steps, ``testbed.profiling.profiler.speed_probe``) right before and after each
 real run and compared with the same probe recorded in the profile; each pair
@@ -307,6 +316,30 @@ def own_speed(steps: dict) -> float:
     return 1 / (1 + steps["step_err_total"])
 
 
+NEIGHBOURS = 2  # runs on each side that :func:`neighbour_speeds` averages
+
+
+def neighbour_speeds(
+    ran: list[tuple[str, str]], speeds: list[float], width: int = NEIGHBOURS
+) -> list[float]:
+    """For each real run, in the order the runs ran (``ran``: each run's trace
+    and policy; ``speeds``: each run's :func:`own_speed`), the machine's speed
+    from its neighbours: the mean own speed of the ``width`` nearest runs of the
+    same trace and another policy before it and the ``width`` nearest after it
+    (fewer at the ends). The pair's own runs are left out, so the factor is a
+    measurement of the machine around the run, not of the run: what a
+    simulator calibrated on the real engine's recent step records (of other
+    policies, on the same workload) would use. NaN where there is no such run."""
+    out = []
+    for i, (trace, policy) in enumerate(ran):
+        others = [j for j, (t, p) in enumerate(ran) if t == trace and p != policy]
+        before = [speeds[j] for j in others if j < i][-width:] if width else []
+        after = [speeds[j] for j in others if j > i][:width]
+        near = before + after
+        out.append(float(np.mean(near)) if near else float("nan"))
+    return out
+
+
 def queued_steps(run_dir: Path) -> float:
     """The fraction of a run's steps with a request waiting: where the policy
     chooses anything. With none, every policy runs the same schedule and their
@@ -342,6 +375,9 @@ MARKDOWN = {  # column: heading, for the summary table
     "own_err_tpot_s_mean": "TPOT mean, own speed",
     "own_err_e2e_s_mean": "E2E mean, own speed",
     "own_err_ttft_s_p50": "TTFT p50, own speed",
+    "nb_err_tpot_s_mean": "TPOT mean, neighbours' speed",
+    "nb_err_e2e_s_mean": "E2E mean, neighbours' speed",
+    "nb_err_ttft_s_p50": "TTFT p50, neighbours' speed",
     "idle_err_tpot_s_mean": "TPOT mean, idle-probe speed",
     "idle_err_e2e_s_mean": "E2E mean, idle-probe speed",
     "idle_err_ttft_s_p50": "TTFT p50, idle-probe speed",
@@ -629,6 +665,13 @@ def main() -> None:
         "runs against each other",
     )
     ap.add_argument(
+        "--edges",
+        action="store_true",
+        help="one more real run of each trace before its runs and one after them "
+        "(the rounds continued), used only as neighbours of the first and last "
+        "runs (nb_err_*)",
+    )
+    ap.add_argument(
         "--speed-probe",
         action="store_true",
         help="probe the machine's speed around each real run and also simulate "
@@ -711,7 +754,7 @@ def main() -> None:
         base = compose_cfg([*quiet, *args.extra])
         probe_setup = probe_engine(engine_args(base), model=real_model(base))
 
-    def real_run(overrides: list[str], name: str, repeat: int) -> Path | None:
+    def real_run(overrides: list[str], name: str, repeat: int | None) -> Path | None:
         """The real run ``name`` (e.g. trace/fcfs-real), or the reused one (None
         where the reused folder has none)."""
         if reuse is not None:
@@ -765,27 +808,35 @@ def main() -> None:
 
     # The real runs, in rounds (each policy once per round, so a pair's repeats
     # are spread over the experiment), with the profiler passes between them.
-    schedule = []
+    # With --edges the rounds go on one run either side (the last policy before,
+    # the first after): runs for neighbour_speeds alone (repeat None), so that
+    # every pair's runs have neighbours on both sides.
+    schedule: list[tuple[str, str, int | None, str]] = []
     for trace in plans:
+        first, last = args.policies[0], args.policies[-1]
+        if args.edges:
+            schedule.append((trace, last, None, f"edge-before-{last}-real"))
         for repeat in range(args.repeats):
             for policy in args.policies:
-                schedule.append((trace, policy, repeat))
+                schedule.append((trace, policy, repeat, run_name(policy, repeat)))
         if args.noise and args.repeats == 1:
-            schedule.append((trace, args.policies[0], 1))
+            schedule.append((trace, first, 1, run_name(first, 1)))
+        if args.edges:
+            schedule.append((trace, first, None, f"edge-after-{first}-real"))
     # An interrupted real run (Ctrl-C: it writes its files, marked partial) ends
     # the experiment; what finished before it is still analysed and written.
     before = spread_evenly(passes, len(schedule))[1:] if passes else []
     reals: dict[tuple[str, str], list[Path]] = {}
+    ran: list[tuple[str, str, Path]] = []  # every finished real run, in order
     interrupted = False
     try:
-        for i, (trace, policy, repeat) in enumerate(schedule):
+        for i, (trace, policy, repeat, folder) in enumerate(schedule):
             while before and before[0] <= i:
                 before.pop(0)
                 profile_pass()
             _, rate, common = plans[trace]
             both = [*common, f"policy={policy}", f"trace.rate={rate}"]
-            name = f"{trace}/{run_name(policy, repeat)}"
-            run = real_run(both, name, repeat)
+            run = real_run(both, f"{trace}/{folder}", repeat)
             if run is None:
                 continue
             if read_metrics(run).get("partial"):
@@ -794,7 +845,9 @@ def main() -> None:
                     interrupted = True
                     break
                 continue
-            reals.setdefault((trace, policy), []).append(run)
+            if repeat is not None:
+                reals.setdefault((trace, policy), []).append(run)
+            ran.append((trace, policy, run))
         else:
             for _ in before:
                 profile_pass()
@@ -809,6 +862,24 @@ def main() -> None:
     if passes_from is not None:
         pass_dirs = sorted((passes_from / "profile-passes").glob("*"), key=lambda d: int(d.name))
         pass_dirs = [d.resolve() for d in pass_dirs]
+    # Every real run's steps predicted by its pair's latency model, and the
+    # machine's speed around each run (neighbour_speeds).
+    models, predicted_of = {}, {}
+    for trace, (_, rate, common) in plans.items():
+        for policy in args.policies:
+            both = [*common, f"policy={policy}", f"trace.rate={rate}"]
+            models[trace, policy] = latency_model(compose_cfg([*both, "mode=sim"]))
+    for trace, policy, run in ran:
+        predicted_of[run] = busy_steps(run, models[trace, policy])
+    around_of = dict(
+        zip(
+            [run for _, _, run in ran],
+            neighbour_speeds(
+                [(t, p) for t, p, _ in ran],
+                [own_speed(step_errors(predicted_of[run])) for _, _, run in ran],
+            ),
+        )
+    )
     rows, pairs = [], []
     by_trace: dict[str, dict[str, PairRuns]] = {}
     by_size: dict[str, list[pd.DataFrame]] = {}  # trace: its real runs' busy_steps
@@ -816,7 +887,7 @@ def main() -> None:
         here = runs / trace
         for policy in args.policies:
             both = [*common, f"policy={policy}", f"trace.rate={rate}"]
-            model = latency_model(compose_cfg([*both, "mode=sim"]))  # the simulation's fit
+            model = models[trace, policy]  # the simulation's fit
             repeats = reals.get((trace, policy), [])
             if not repeats:
                 print(f"  {trace}/{policy}: no finished real run; left out")
@@ -827,7 +898,7 @@ def main() -> None:
                 real = average_runs(measured, here / f"{policy}-real-mean")
             sim = simulate(both, here / f"{policy}-sim")
             pair_runs = by_trace.setdefault(trace, {})[policy] = PairRuns(sim, measured)
-            predicted = [busy_steps(r, model) for r in measured]  # each run read once
+            predicted = [predicted_of[r] for r in measured]
             by_size.setdefault(trace, []).extend(predicted)
             steps = step_errors(pd.concat(predicted))  # the runs' steps together
             row = dict(
@@ -866,6 +937,17 @@ def main() -> None:
             speed = own_speed(steps)
             row.update(own_speed_factor=speed)
             row.update(scaled_errors(both, here / f"{policy}-sim-own-speed", real, speed, "own"))
+            # At the machine's speed around the runs: the real engine's speed in
+            # the nearest runs of the same trace and other policies, before and
+            # after each of the pair's runs (neighbour_speeds). Calibrated on
+            # real step records, but not on the pair's own.
+            near = [around_of[r] for r in measured if np.isfinite(around_of[r])]
+            if near:
+                factor = float(np.mean(near))
+                row.update(neighbour_speed_factor=factor)
+                row.update(
+                    scaled_errors(both, here / f"{policy}-sim-neighbours", real, factor, "nb")
+                )
             # At the machine's speed during the run as the idle probe sampled it
             # between requests (never beside a step): a measurement of the machine,
             # not of the run, so this is the simulator given the machine's speed.
@@ -919,6 +1001,11 @@ def main() -> None:
                     + latency_summary(row, "pass_")
                 )
             print(f"    at the run's own speed (x{speed:.3f}): " + latency_summary(row, "own_"))
+            if "neighbour_speed_factor" in row:
+                print(
+                    f"    at the neighbouring runs' speed (x{row['neighbour_speed_factor']:.3f}): "
+                    + latency_summary(row, "nb_")
+                )
             if "idle_speed_factor" in row:
                 print(
                     f"    at the idle probe's speed (x{row['idle_speed_factor']:.3f}): "

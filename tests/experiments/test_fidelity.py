@@ -379,3 +379,53 @@ def test_steps_by_size_groups_the_real_steps_and_divides_out_the_machine(tmp_pat
     assert by[("decode only", "8")].err_vs_trace == pytest.approx(0.9 / level - 1)
     assert [size_bucket(n) for n in (16, 17, 32, 33, 64, 65)] == [16, 32, 32, 64, 64, 128]
     assert [size_label(b) for b in (16, 32, 64)] == ["16", "17-32", "33-64"]
+
+
+def test_neighbour_speeds_average_the_nearest_runs_of_the_trace_and_other_policies():
+    from experiments.fidelity import neighbour_speeds
+
+    ran = [("a", "vtc"), ("a", "fcfs"), ("b", "sjf"), ("a", "sjf"), ("a", "fcfs"), ("a", "vtc")]
+    speeds = [1.0, 2.0, 100.0, 4.0, 8.0, 16.0]
+    near = neighbour_speeds(ran, speeds, width=2)
+    # fcfs (1): vtc before it; sjf and vtc after it (its own fcfs run and trace b's left out).
+    assert near[1] == pytest.approx((1 + 4 + 16) / 3)
+    # sjf (3): the two nearest on each side, of trace a and not sjf.
+    assert near[3] == pytest.approx((1 + 2 + 8 + 16) / 4)
+    # vtc (5), the last: only the two before it.
+    assert near[5] == pytest.approx((4 + 8) / 2)
+    assert neighbour_speeds(ran, speeds, width=1)[3] == pytest.approx((2 + 8) / 2)
+    # Trace b has no other run: nothing to calibrate on.
+    assert np.isnan(near[2])
+
+
+def test_fidelity_script_simulates_each_pair_at_its_neighbours_speed(tmp_path, monkeypatch):
+    """--edges adds a run before and after the rounds (the last policy before, the
+    first after), which only serve as neighbours; each pair is also simulated at
+    the mean own speed of the other policies' runs around its own."""
+    from experiments import fidelity
+    from testbed.runner import latency_model
+
+    argv = ["fidelity.py", "--policies", "fcfs", "sjf", "--traces", "synthetic", "--edges"]
+    argv += ["--num-requests", "12", "--wandb", "disabled", "--out", str(tmp_path / "out")]
+    monkeypatch.setattr("sys.argv", [*argv, "--runs", str(tmp_path / "runs")])
+    fidelity.main()
+    table = pd.read_csv(tmp_path / "out" / "fidelity.csv").set_index("policy")
+    (runs,) = (tmp_path / "runs").iterdir()
+    order = ["edge-before-sjf-real", "fcfs-real", "sjf-real", "edge-after-fcfs-real"]
+    model = latency_model(fidelity.compose_cfg(["trace=synthetic", "mode=sim"]))
+    own = {
+        name: fidelity.own_speed(
+            fidelity.step_errors(fidelity.busy_steps(runs / "synthetic" / name, model))
+        )
+        for name in order
+    }
+    # The edge runs belong to no pair: each pair is its one run, at its own speed.
+    assert table.loc["fcfs", "own_speed_factor"] == pytest.approx(own["fcfs-real"], rel=1e-5)
+    assert table.loc["sjf", "own_speed_factor"] == pytest.approx(own["sjf-real"], rel=1e-5)
+    # fcfs: the sjf runs either side of it; sjf: the fcfs runs either side.
+    for policy, near in (("fcfs", ("edge-before-sjf-real", "sjf-real")), ("sjf", order[1::2])):
+        factor = np.mean([own[n] for n in near])
+        assert table.loc[policy, "neighbour_speed_factor"] == pytest.approx(factor, rel=1e-5)
+        sim = runs / "synthetic" / f"{policy}-sim-neighbours" / "metrics.json"
+        assert json.loads(sim.read_text())["latency_scale"] == pytest.approx(factor, rel=1e-5)
+        assert abs(table.loc[policy, "nb_err_tpot_s_mean"]) < 0.3
