@@ -333,7 +333,7 @@ def neighbour_speeds(
     out = []
     for i, (trace, policy) in enumerate(ran):
         others = [j for j, (t, p) in enumerate(ran) if t == trace and p != policy]
-        before = [speeds[j] for j in others if j < i][-width:] if width else []
+        before = [speeds[j] for j in reversed(others) if j < i][:width]
         after = [speeds[j] for j in others if j > i][:width]
         near = before + after
         out.append(float(np.mean(near)) if near else float("nan"))
@@ -806,14 +806,19 @@ def main() -> None:
         print(f"{trace}: capacity {cap:.3f} req/s in simulation; replaying at {rate} req/s")
         plans[trace] = (cap, rate, common)
 
+    def pair_overrides(trace: str, policy: str) -> list[str]:
+        """What a pair's runs, real and simulated, are composed from."""
+        _, rate, common = plans[trace]
+        return [*common, f"policy={policy}", f"trace.rate={rate}"]
+
     # The real runs, in rounds (each policy once per round, so a pair's repeats
     # are spread over the experiment), with the profiler passes between them.
     # With --edges the rounds go on one run either side (the last policy before,
     # the first after): runs for neighbour_speeds alone (repeat None), so that
     # every pair's runs have neighbours on both sides.
     schedule: list[tuple[str, str, int | None, str]] = []
+    first, last = args.policies[0], args.policies[-1]
     for trace in plans:
-        first, last = args.policies[0], args.policies[-1]
         if args.edges:
             schedule.append((trace, last, None, f"edge-before-{last}-real"))
         for repeat in range(args.repeats):
@@ -834,9 +839,7 @@ def main() -> None:
             while before and before[0] <= i:
                 before.pop(0)
                 profile_pass()
-            _, rate, common = plans[trace]
-            both = [*common, f"policy={policy}", f"trace.rate={rate}"]
-            run = real_run(both, f"{trace}/{folder}", repeat)
+            run = real_run(pair_overrides(trace, policy), f"{trace}/{folder}", repeat)
             if run is None:
                 continue
             if read_metrics(run).get("partial"):
@@ -864,29 +867,22 @@ def main() -> None:
         pass_dirs = [d.resolve() for d in pass_dirs]
     # Every real run's steps predicted by its pair's latency model, and the
     # machine's speed around each run (neighbour_speeds).
-    models, predicted_of = {}, {}
-    for trace, (_, rate, common) in plans.items():
-        for policy in args.policies:
-            both = [*common, f"policy={policy}", f"trace.rate={rate}"]
-            models[trace, policy] = latency_model(compose_cfg([*both, "mode=sim"]))
-    for trace, policy, run in ran:
-        predicted_of[run] = busy_steps(run, models[trace, policy])
-    around_of = dict(
-        zip(
-            [run for _, _, run in ran],
-            neighbour_speeds(
-                [(t, p) for t, p, _ in ran],
-                [own_speed(step_errors(predicted_of[run])) for _, _, run in ran],
-            ),
-        )
-    )
+    models = {
+        (trace, policy): latency_model(compose_cfg([*pair_overrides(trace, policy), "mode=sim"]))
+        for trace in plans
+        for policy in args.policies
+    }
+    predicted_of = {run: busy_steps(run, models[t, p]) for t, p, run in ran}
+    own_of = {run: own_speed(step_errors(predicted_of[run])) for _, _, run in ran}
+    around = neighbour_speeds([(t, p) for t, p, _ in ran], [own_of[run] for _, _, run in ran])
+    around_of = dict(zip([run for _, _, run in ran], around, strict=True))
     rows, pairs = [], []
     by_trace: dict[str, dict[str, PairRuns]] = {}
     by_size: dict[str, list[pd.DataFrame]] = {}  # trace: its real runs' busy_steps
-    for trace, (cap, rate, common) in plans.items():
+    for trace, (cap, rate, _) in plans.items():
         here = runs / trace
         for policy in args.policies:
-            both = [*common, f"policy={policy}", f"trace.rate={rate}"]
+            both = pair_overrides(trace, policy)
             model = models[trace, policy]  # the simulation's fit
             repeats = reals.get((trace, policy), [])
             if not repeats:
@@ -913,10 +909,9 @@ def main() -> None:
             if len(measured) > 1:
                 # Every run alone at its own speed: how much of the runs' spread
                 # the machine's speed explains, and the policy effects round by round.
-                for k, run_steps in enumerate(predicted):
+                for k, r in enumerate(measured):
                     own_dir = here / f"{policy}-sim-own-speed-{k + 1}"
-                    speed_k = own_speed(step_errors(run_steps))
-                    pair_runs.own.append(simulate(both, own_dir, speed_k))
+                    pair_runs.own.append(simulate(both, own_dir, own_of[r]))
                 row.update(repeat_spread(sim, measured, pair_runs.own))
             if len(pass_dirs) > 1:
                 # One simulation per profiler pass, their metrics averaged: the
