@@ -197,6 +197,7 @@ def engine_args(cfg: DictConfig):
         device=cfg.mode.get("device"),
         attention_backend=e.attention_backend,
         threads=cfg.hardware.get("threads"),
+        cpus=cfg.hardware.get("cpus"),
         seed=cfg.seed,
     )
 

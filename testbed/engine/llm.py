@@ -62,6 +62,7 @@ class EngineArgs:
     dtype: str | None = None  # default: float32 on CPU, bfloat16 on CUDA
     attention_backend: str = "auto"  # auto | triton | torch
     threads: int | None = None  # torch's intra-op threads on CPU; default: torch's (one per core)
+    cpus: Sequence[int] | None = None  # cores the process is pinned to (Linux); default: any
     seed: int = 0
     extra: dict = field(default_factory=dict)
 
@@ -153,6 +154,8 @@ def build_engine(
         if not isinstance(args.threads, int) or args.threads < 1:
             raise ValueError(f"threads must be a positive integer, got {args.threads!r}")
         torch.set_num_threads(args.threads)
+    if args.cpus is not None:
+        pin_cpus(args.cpus)
     dtype = pick_dtype(args.dtype, device)
     if weights is not None:
         model, dtype = weights, next(weights.parameters()).dtype
@@ -197,6 +200,24 @@ def build_engine(
     )
     engine = EngineCore(scheduler, executor, clock or WallClock(), token_validator(cfg.vocab_size))
     return engine, executor, cfg
+
+
+def pin_cpus(cpus: Sequence[int]) -> None:
+    """Pin this process (the engine's loop and torch's threads) to ``cpus``, so
+    that other work on the machine runs on the other cores."""
+    have = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    if have is None:
+        raise ValueError("hardware.cpus: pinning to cores needs Linux (os.sched_setaffinity)")
+    wanted = set(cpus)
+    if not wanted or not all(isinstance(c, int) and not isinstance(c, bool) for c in wanted):
+        raise ValueError(f"hardware.cpus must be a non-empty list of core numbers, got {cpus!r}")
+    usable = set(range(os.cpu_count() or 1))
+    if not wanted <= usable:
+        raise ValueError(
+            f"hardware.cpus: cores {sorted(wanted - usable)} do not exist on this machine "
+            f"(cores 0-{max(usable)})"
+        )
+    os.sched_setaffinity(0, wanted)
 
 
 @dataclass

@@ -412,7 +412,8 @@ def run_profile(
     header = {
         "device": torch.cuda.get_device_name(device)
         if device.type == "cuda"
-        else f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads",
+        else f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
+        + (f", pinned to cores {sorted(args.cpus)}" if args.cpus is not None else ""),
         "hardware": hardware,
         "model": name,
         "dtype": str(next(executor.model.parameters()).dtype).removeprefix("torch."),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -149,3 +150,21 @@ def test_threads_option_sets_torchs_cpu_threads_and_rejects_nonsense():
             LLM("dummy-llama", num_kv_blocks=16, threads=0, device="cpu")
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="pinning needs Linux")
+def test_cpus_option_pins_the_process_and_names_missing_cores():
+    before = os.sched_getaffinity(0)
+    core = min(before)
+    try:
+        llm = LLM("dummy-llama", num_kv_blocks=16, cpus=[core], device="cpu")
+        assert os.sched_getaffinity(0) == {core}
+        assert len(llm.generate([[5, 6, 7]], GREEDY)[0].token_ids) == GREEDY.max_tokens
+        missing = (os.cpu_count() or 1) + 3
+        with pytest.raises(ValueError, match=rf"cores \[{missing}\] do not exist"):
+            LLM("dummy-llama", num_kv_blocks=16, cpus=[core, missing], device="cpu")
+        with pytest.raises(ValueError, match="non-empty list of core numbers"):
+            LLM("dummy-llama", num_kv_blocks=16, cpus=[], device="cpu")
+        assert os.sched_getaffinity(0) == {core}  # a rejected list changes nothing
+    finally:
+        os.sched_setaffinity(0, before)
