@@ -340,6 +340,57 @@ def neighbour_speeds(
     return out
 
 
+WINDOW_S = 60.0  # the stretches of a run that :func:`window_speeds` measures
+
+
+def window_speeds(steps: pd.DataFrame, width_s: float = WINDOW_S) -> np.ndarray:
+    """A real run's speed stretch by stretch: for each ``width_s`` seconds of its
+    clock (by when a step starts), the busy time of those steps over the latency
+    model's prediction of them, as :func:`own_speed` is for the whole run.
+    ``steps``: the run's :func:`busy_steps`; stretches without a step are left out."""
+    g = steps.groupby((steps["start_s"] // width_s).astype(int))
+    return (g["latency_s"].sum() / g["pred_s"].sum()).to_numpy(float)
+
+
+def speed_summary(speeds: pd.DataFrame) -> pd.DataFrame:
+    """How steady the machine was, per trace, from ``run_speeds.csv`` (one row per
+    real run, in the order they ran): the runs' own speeds (lowest, highest, their
+    coefficient of variation), the mean change from one run of the trace to the
+    next, and the mean coefficient of variation of a run's :func:`window_speeds`."""
+    rows = []
+    for trace, g in speeds.groupby("trace", sort=False):
+        own = g.sort_values("order")["own_speed"].to_numpy(float)
+        change = np.abs(np.diff(own)).mean() / own.mean() if len(own) > 1 else np.nan
+        rows.append(
+            dict(
+                trace=trace,
+                runs=len(own),
+                own_min=own.min(),
+                own_max=own.max(),
+                own_cv=own.std() / own.mean(),
+                adjacent_change=change,
+                within_run_cv=g["window_cv"].mean(),
+            )
+        )
+    return pd.DataFrame(rows)
+
+
+def speeds_markdown(summary: pd.DataFrame) -> str:
+    if summary.empty:
+        return ""
+    lines = [
+        "| trace | real runs | own speed, lowest | highest | spread (CV) "
+        f"| change, run to run | within a run ({WINDOW_S:.0f} s stretches, CV) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for _, r in summary.iterrows():
+        lines.append(
+            f"| {r['trace']} | {r['runs']} | {r['own_min']:.3f} | {r['own_max']:.3f} "
+            f"| {r['own_cv']:.1%} | {r['adjacent_change']:.1%} | {r['within_run_cv']:.1%} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def queued_steps(run_dir: Path) -> float:
     """The fraction of a run's steps with a request waiting: where the policy
     chooses anything. With none, every policy runs the same schedule and their
@@ -876,6 +927,22 @@ def main() -> None:
     own_of = {run: own_speed(step_errors(predicted_of[run])) for _, _, run in ran}
     around = neighbour_speeds([(t, p) for t, p, _ in ran], [own_of[run] for _, _, run in ran])
     around_of = dict(zip([run for _, _, run in ran], around, strict=True))
+    run_rows = []
+    for i, (trace, policy, run) in enumerate(ran):
+        stretches = window_speeds(predicted_of[run])
+        run_rows.append(
+            dict(
+                order=i + 1,
+                trace=trace,
+                policy=policy,
+                run=run.name,
+                own_speed=own_of[run],
+                neighbours_speed=around_of[run],
+                windows=len(stretches),
+                window_cv=stretches.std() / stretches.mean() if len(stretches) else np.nan,
+            )
+        )
+    speeds = pd.DataFrame(run_rows)
     rows, pairs = [], []
     by_trace: dict[str, dict[str, PairRuns]] = {}
     by_size: dict[str, list[pd.DataFrame]] = {}  # trace: its real runs' busy_steps
@@ -1020,10 +1087,14 @@ def main() -> None:
     sizes = steps_by_size(by_size)
     sizes.to_csv(out / "steps_by_size.csv", index=False, float_format="%.6g")
     sizes_md = sizes_markdown(sizes)
+    speeds.to_csv(out / "run_speeds.csv", index=False, float_format="%.6g")
+    steadiness = speed_summary(speeds)
+    speeds_md = speeds_markdown(steadiness)
     (out / "fidelity.md").write_text(
         markdown(table)
         + (f"\n## Policy effects against {args.policies[0]}\n\n" + effects_md if effects_md else "")
         + ("\n## The latency model on the real steps, by batch\n\n" + sizes_md if sizes_md else "")
+        + ("\n## The machine's speed, run by run\n\n" + speeds_md if speeds_md else "")
     )
     meta = dict(
         date=time.strftime("%Y-%m-%d"),
@@ -1043,6 +1114,8 @@ def main() -> None:
         policy_effects=effects.to_dict("records"),
         policy_orders=orders.to_dict("records"),
         steps_by_size=sizes.to_dict("records"),
+        run_speeds=speeds.to_dict("records"),
+        speed_summary=steadiness.to_dict("records"),
     )
     (out / "fidelity.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot(pairs, out / "fidelity.png")
@@ -1069,6 +1142,7 @@ def main() -> None:
             logged["policy_orders"] = wandb.Table(dataframe=orders)
         if not sizes.empty:
             logged["steps_by_size"] = wandb.Table(dataframe=sizes)
+        logged["run_speeds"] = wandb.Table(dataframe=speeds)
         run.log(logged)
         run.finish()
     print(f"wrote {out}")

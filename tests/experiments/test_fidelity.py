@@ -429,3 +429,45 @@ def test_fidelity_script_simulates_each_pair_at_its_neighbours_speed(tmp_path, m
         sim = runs / "synthetic" / f"{policy}-sim-neighbours" / "metrics.json"
         assert json.loads(sim.read_text())["latency_scale"] == pytest.approx(factor, rel=1e-5)
         assert abs(table.loc[policy, "nb_err_tpot_s_mean"]) < 0.3
+    # Every real run, edges too, in the order it ran, with its own speed.
+    speeds = pd.read_csv(tmp_path / "out" / "run_speeds.csv")
+    assert list(speeds["run"]) == order and list(speeds["order"]) == [1, 2, 3, 4]
+    assert speeds["own_speed"].to_numpy() == pytest.approx([own[n] for n in order], rel=1e-5)
+    assert "## The machine's speed, run by run" in (tmp_path / "out" / "fidelity.md").read_text()
+
+
+def test_window_speeds_divide_each_stretch_by_its_prediction():
+    from experiments.fidelity import window_speeds
+
+    steps = pd.DataFrame(
+        dict(
+            start_s=[0.0, 30.0, 59.9, 60.0, 130.0, 131.0],
+            latency_s=[1.0, 1.0, 2.0, 3.0, 1.0, 1.0],
+            pred_s=[1.0, 1.0, 1.0, 2.0, 2.0, 2.0],
+        )
+    )
+    # 0-60 s: 4 over 3; 60-120 s: 3 over 2; 120-180 s: 2 over 4.
+    assert window_speeds(steps) == pytest.approx([4 / 3, 1.5, 0.5])
+    assert window_speeds(steps, width_s=200) == pytest.approx([9 / 9])
+
+
+def test_speed_summary_per_trace_in_run_order():
+    from experiments.fidelity import speed_summary
+
+    speeds = pd.DataFrame(
+        dict(
+            order=[1, 2, 3, 4, 5],
+            trace=["a", "b", "a", "a", "b"],
+            own_speed=[1.0, 2.0, 1.2, 0.8, 2.0],
+            window_cv=[0.01, 0.02, 0.03, 0.05, 0.04],
+        )
+    ).sample(frac=1, random_state=1)  # the rows' order must not matter
+    out = speed_summary(speeds).set_index("trace")
+    a = out.loc["a"]
+    assert a["runs"] == 3 and a["own_min"] == 0.8 and a["own_max"] == 1.2
+    assert a["own_cv"] == pytest.approx(np.std([1.0, 1.2, 0.8]) / 1.0)
+    assert a["adjacent_change"] == pytest.approx((0.2 + 0.4) / 2)  # 1.0 -> 1.2 -> 0.8
+    assert a["within_run_cv"] == pytest.approx(0.03)
+    assert out.loc["b", "adjacent_change"] == 0 and out.loc["b", "own_cv"] == 0
+    one = speed_summary(speeds[speeds["order"] == 2])
+    assert np.isnan(one.loc[0, "adjacent_change"])
