@@ -78,7 +78,10 @@ classes and tenants (``trace.priority_classes``, ``trace.num_tenants``).
 
 Where the latency model's shape misses, apart from the machine's speed, is in
 ``steps_by_size.csv`` (and a section of ``fidelity.md``): the model on all of a
-trace's real steps by batch composition (:func:`steps_by_size`).
+trace's real steps by batch composition (:func:`steps_by_size`). How steady the
+machine was is in ``run_speeds.csv`` (and the last section of ``fidelity.md``):
+every real run in the order it ran, with its own and its neighbours' speed and
+its speed over 60-second stretches (:func:`window_speeds`, :func:`speed_summary`).
 
     python experiments/fidelity.py --policies fcfs sjf priority vtc \\
         --traces azure_conv mooncake_conv:prompt_scale=0.0625 --num-requests 200
