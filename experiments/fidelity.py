@@ -295,21 +295,26 @@ def steps_by_size(runs: dict[str, list[pd.DataFrame]]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def markdown_table(columns: list[str], rows: list[list[str]], left: int) -> str:
+    """A Markdown table: the first ``left`` columns aligned left, the rest (numbers)
+    right."""
+    align = ["---"] * left + ["---:"] * (len(columns) - left)
+    lines = [columns, align, *rows]
+    return "\n".join("| " + " | ".join(cells) + " |" for cells in lines) + "\n"
+
+
 def sizes_markdown(sizes: pd.DataFrame, least: float = 0.005) -> str:
     """:func:`steps_by_size` as Markdown, leaving out compositions under ``least``
     of a trace's busy time."""
     if sizes.empty:
         return ""
-    lines = [
-        "| trace | step | requests | steps | busy time | model error | beside the trace's |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    columns = ["trace", "step", "requests", "steps", "busy time", "model error"]
+    rows = [
+        [r["trace"], r["step"], str(r["num_reqs"]), str(r["steps"]), f"{r['busy_share']:.1%}"]
+        + [f"{r['err']:+.1%}", f"{r['err_vs_trace']:+.1%}"]
+        for _, r in sizes[sizes["busy_share"] >= least].iterrows()
     ]
-    for _, r in sizes[sizes["busy_share"] >= least].iterrows():
-        lines.append(
-            f"| {r['trace']} | {r['step']} | {r['num_reqs']} | {r['steps']} "
-            f"| {r['busy_share']:.1%} | {r['err']:+.1%} | {r['err_vs_trace']:+.1%} |"
-        )
-    return "\n".join(lines) + "\n"
+    return markdown_table([*columns, "beside the trace's"], rows, left=2)
 
 
 def own_speed(steps: dict) -> float:
@@ -379,19 +384,17 @@ def speed_summary(speeds: pd.DataFrame) -> pd.DataFrame:
 
 
 def speeds_markdown(summary: pd.DataFrame) -> str:
+    """:func:`speed_summary` as Markdown."""
     if summary.empty:
         return ""
-    lines = [
-        "| trace | real runs | own speed, lowest | highest | spread (CV) "
-        f"| change, run to run | within a run ({WINDOW_S:.0f} s stretches, CV) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    columns = ["trace", "real runs", "own speed, lowest", "highest", "spread (CV)"]
+    columns += ["change, run to run", f"within a run ({WINDOW_S:.0f} s stretches, CV)"]
+    rows = [
+        [r["trace"], str(r["runs"]), f"{r['own_min']:.3f}", f"{r['own_max']:.3f}"]
+        + [f"{r['own_cv']:.1%}", f"{r['adjacent_change']:.1%}", f"{r['within_run_cv']:.1%}"]
+        for _, r in summary.iterrows()
     ]
-    for _, r in summary.iterrows():
-        lines.append(
-            f"| {r['trace']} | {r['runs']} | {r['own_min']:.3f} | {r['own_max']:.3f} "
-            f"| {r['own_cv']:.1%} | {r['adjacent_change']:.1%} | {r['within_run_cv']:.1%} |"
-        )
-    return "\n".join(lines) + "\n"
+    return markdown_table(columns, rows, left=1)
 
 
 def queued_steps(run_dir: Path) -> float:
@@ -667,17 +670,13 @@ def effects_markdown(effects: pd.DataFrame, orders: pd.DataFrame) -> str:
         elif own:
             line += " | |"
         lines.append(line)
-    lines += [
-        "",
-        "| trace | metric | sim order | real order | pairs alike |",
-        "| --- | --- | --- | --- | ---: |",
+    rows = [
+        [r["trace"], r["metric"], r["sim_order"], r["real_order"]]
+        + [f"{r['pairs_ordered_alike']} / {r['pairs']}"]
+        for _, r in orders.iterrows()
     ]
-    for _, r in orders.iterrows():
-        lines.append(
-            f"| {r['trace']} | {r['metric']} | {r['sim_order']} | {r['real_order']} "
-            f"| {r['pairs_ordered_alike']} / {r['pairs']} |"
-        )
-    return "\n".join(lines) + "\n"
+    columns = ["trace", "metric", "sim order", "real order", "pairs alike"]
+    return "\n".join(lines) + "\n\n" + markdown_table(columns, rows, left=4)
 
 
 def run_name(policy: str, repeat: int) -> str:
