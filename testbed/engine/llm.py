@@ -205,10 +205,9 @@ def build_engine(
 def pin_cpus(cpus: Sequence[int]) -> None:
     """Pin this process (the engine's loop and torch's threads) to ``cpus``, so
     that other work on the machine runs on the other cores."""
-    have = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-    if have is None:
+    if not hasattr(os, "sched_setaffinity"):
         raise ValueError("hardware.cpus: pinning to cores needs Linux (os.sched_setaffinity)")
-    wanted = set(cpus)
+    wanted = set(cpus) if isinstance(cpus, Sequence) else set()
     if not wanted or not all(isinstance(c, int) and not isinstance(c, bool) for c in wanted):
         raise ValueError(f"hardware.cpus must be a non-empty list of core numbers, got {cpus!r}")
     usable = set(range(os.cpu_count() or 1))
@@ -217,7 +216,10 @@ def pin_cpus(cpus: Sequence[int]) -> None:
             f"hardware.cpus: cores {sorted(wanted - usable)} do not exist on this machine "
             f"(cores 0-{max(usable)})"
         )
-    os.sched_setaffinity(0, wanted)
+    try:
+        os.sched_setaffinity(0, wanted)
+    except OSError as e:  # cores this process may not use (a container's cpuset)
+        raise ValueError(f"hardware.cpus: cannot pin to cores {sorted(wanted)}: {e}") from e
 
 
 @dataclass

@@ -163,8 +163,9 @@ def test_cpus_option_pins_the_process_and_names_missing_cores():
         missing = (os.cpu_count() or 1) + 3
         with pytest.raises(ValueError, match=rf"cores \[{missing}\] do not exist"):
             LLM("dummy-llama", num_kv_blocks=16, cpus=[core, missing], device="cpu")
-        with pytest.raises(ValueError, match="non-empty list of core numbers"):
-            LLM("dummy-llama", num_kv_blocks=16, cpus=[], device="cpu")
+        for bad in ([], 1, ["0"]):
+            with pytest.raises(ValueError, match="non-empty list of core numbers"):
+                LLM("dummy-llama", num_kv_blocks=16, cpus=bad, device="cpu")
         assert os.sched_getaffinity(0) == {core}  # a rejected list changes nothing
     finally:
         os.sched_setaffinity(0, before)
