@@ -360,6 +360,34 @@ def window_speeds(steps: pd.DataFrame, width_s: float = WINDOW_S) -> np.ndarray:
     return (g["latency_s"].sum() / g["pred_s"].sum()).to_numpy(float)
 
 
+def cv(values: np.ndarray) -> float:
+    """The coefficient of variation (standard deviation over mean); NaN when empty."""
+    return float(values.std() / values.mean()) if len(values) else float("nan")
+
+
+def run_speeds(ran: list[tuple[str, str, Path]], predicted: dict, own: dict, around: dict):
+    """``run_speeds.csv``: every real run (``ran``: trace, policy, folder) in the
+    order it ran, with its :func:`own_speed`, its :func:`neighbour_speeds` and the
+    :func:`cv` of its :func:`window_speeds` (``predicted``: each run's
+    :func:`busy_steps`; ``own``, ``around``: each run's speeds)."""
+    rows = []
+    for i, (trace, policy, run) in enumerate(ran):
+        stretches = window_speeds(predicted[run])
+        rows.append(
+            dict(
+                order=i + 1,
+                trace=trace,
+                policy=policy,
+                run=run.name,
+                own_speed=own[run],
+                neighbours_speed=around[run],
+                windows=len(stretches),
+                window_cv=cv(stretches),
+            )
+        )
+    return pd.DataFrame(rows)
+
+
 def speed_summary(speeds: pd.DataFrame) -> pd.DataFrame:
     """How steady the machine was, per trace, from ``run_speeds.csv`` (one row per
     real run, in the order they ran): the runs' own speeds (lowest, highest, their
@@ -375,7 +403,7 @@ def speed_summary(speeds: pd.DataFrame) -> pd.DataFrame:
                 runs=len(own),
                 own_min=own.min(),
                 own_max=own.max(),
-                own_cv=own.std() / own.mean(),
+                own_cv=cv(own),
                 adjacent_change=change,
                 within_run_cv=g["window_cv"].mean(),
             )
@@ -453,14 +481,11 @@ def markdown_cell(column: str, value: float) -> str:
 def markdown(table: pd.DataFrame) -> str:
     """The summary as a Markdown table: errors in percent, blank where not measured."""
     cols = [c for c in MARKDOWN if c in table.columns]
-    lines = [
-        "| trace | policy | " + " | ".join(MARKDOWN[c] for c in cols) + " |",
-        "| --- | --- | " + " | ".join("---:" for _ in cols) + " |",
+    rows = [
+        [r["trace"], r["policy"], *(markdown_cell(c, r[c]) for c in cols)]
+        for _, r in table.iterrows()
     ]
-    for _, r in table.iterrows():
-        cells = [markdown_cell(c, r[c]) for c in cols]
-        lines.append(f"| {r['trace']} | {r['policy']} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    return markdown_table(["trace", "policy", *(MARKDOWN[c] for c in cols)], rows, left=2)
 
 
 def plot(pairs: list[tuple[str, Path, Path]], path: Path) -> None:
@@ -651,32 +676,30 @@ def effects_markdown(effects: pd.DataFrame, orders: pd.DataFrame) -> str:
     if effects.empty:
         return ""
     own = "own_effect_min" in effects.columns
-    lines = [
-        "| trace | metric | policy | sim effect | real effect | real, round by round |"
-        + (" sim at each run's speed, round by round | largest gap in a round |" if own else ""),
-        "| --- | --- | --- | ---: | ---: | ---: |" + (" ---: | ---: |" if own else ""),
-    ]
+    columns = ["trace", "metric", "policy", "sim effect", "real effect", "real, round by round"]
+    if own:
+        columns += ["sim at each run's speed, round by round", "largest gap in a round"]
+    rows = []
     for _, r in effects.iterrows():
-        rounds = f"{r['real_effect_min']:+.1%} .. {r['real_effect_max']:+.1%}"
-        line = (
-            f"| {r['trace']} | {r['metric']} | {r['policy']} | {r['sim_effect']:+.1%} "
-            f"| {r['real_effect']:+.1%} | {rounds} |"
-        )
+        row = [r["trace"], r["metric"], r["policy"], f"{r['sim_effect']:+.1%}"]
+        row += [
+            f"{r['real_effect']:+.1%}",
+            f"{r['real_effect_min']:+.1%} .. {r['real_effect_max']:+.1%}",
+        ]
         if own and not pd.isna(r["own_effect_min"]):
-            line += (
-                f" {r['own_effect_min']:+.1%} .. {r['own_effect_max']:+.1%} "
-                f"| {r['own_round_gap']:.1%} |"
-            )
+            row += [f"{r['own_effect_min']:+.1%} .. {r['own_effect_max']:+.1%}"]
+            row += [f"{r['own_round_gap']:.1%}"]
         elif own:
-            line += " | |"
-        lines.append(line)
+            row += ["", ""]
+        rows.append(row)
+    effects_md = markdown_table(columns, rows, left=3)
     rows = [
         [r["trace"], r["metric"], r["sim_order"], r["real_order"]]
         + [f"{r['pairs_ordered_alike']} / {r['pairs']}"]
         for _, r in orders.iterrows()
     ]
     columns = ["trace", "metric", "sim order", "real order", "pairs alike"]
-    return "\n".join(lines) + "\n\n" + markdown_table(columns, rows, left=4)
+    return effects_md + "\n" + markdown_table(columns, rows, left=4)
 
 
 def run_name(policy: str, repeat: int) -> str:
@@ -929,22 +952,7 @@ def main() -> None:
     own_of = {run: own_speed(step_errors(predicted_of[run])) for _, _, run in ran}
     around = neighbour_speeds([(t, p) for t, p, _ in ran], [own_of[run] for _, _, run in ran])
     around_of = dict(zip([run for _, _, run in ran], around, strict=True))
-    run_rows = []
-    for i, (trace, policy, run) in enumerate(ran):
-        stretches = window_speeds(predicted_of[run])
-        run_rows.append(
-            dict(
-                order=i + 1,
-                trace=trace,
-                policy=policy,
-                run=run.name,
-                own_speed=own_of[run],
-                neighbours_speed=around_of[run],
-                windows=len(stretches),
-                window_cv=stretches.std() / stretches.mean() if len(stretches) else np.nan,
-            )
-        )
-    speeds = pd.DataFrame(run_rows)
+    speeds = run_speeds(ran, predicted_of, own_of, around_of)
     rows, pairs = [], []
     by_trace: dict[str, dict[str, PairRuns]] = {}
     by_size: dict[str, list[pd.DataFrame]] = {}  # trace: its real runs' busy_steps
