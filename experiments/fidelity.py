@@ -413,8 +413,6 @@ def speed_summary(speeds: pd.DataFrame) -> pd.DataFrame:
 
 def speeds_markdown(summary: pd.DataFrame) -> str:
     """:func:`speed_summary` as Markdown."""
-    if summary.empty:
-        return ""
     columns = ["trace", "real runs", "own speed, lowest", "highest", "spread (CV)"]
     columns += ["change, run to run", f"within a run ({WINDOW_S:.0f} s stretches, CV)"]
     rows = [
@@ -1098,13 +1096,13 @@ def main() -> None:
     sizes.to_csv(out / "steps_by_size.csv", index=False, float_format="%.6g")
     sizes_md = sizes_markdown(sizes)
     speeds.to_csv(out / "run_speeds.csv", index=False, float_format="%.6g")
-    steadiness = speed_summary(speeds)
-    speeds_md = speeds_markdown(steadiness)
+    steadiness = speed_summary(speeds)  # how steady the machine was, per trace
     (out / "fidelity.md").write_text(
         markdown(table)
         + (f"\n## Policy effects against {args.policies[0]}\n\n" + effects_md if effects_md else "")
         + ("\n## The latency model on the real steps, by batch\n\n" + sizes_md if sizes_md else "")
-        + ("\n## The machine's speed, run by run\n\n" + speeds_md if speeds_md else "")
+        + "\n## The machine's speed, run by run\n\n"
+        + speeds_markdown(steadiness)
     )
     meta = dict(
         date=time.strftime("%Y-%m-%d"),
