@@ -1,0 +1,271 @@
+"""Pool several fidelity experiments: the simulator's error per pair, over many real runs.
+
+One ``fidelity.py`` experiment compares each (trace, policy) pair's simulation
+with the mean of a few real runs. On a machine whose speed wanders (the 2-core
+VM: about 2% from run to run, more over an hour), a mean of two real runs is
+itself off by a few percent, and so is the profile the simulation is measured
+against: one experiment's error on a pair is the simulator's own error plus
+that noise, which lands a pair or two over a 5% target in any one experiment.
+
+This script reads the written results of several experiments of the same
+workload (``fidelity.json`` and ``fidelity.csv`` of each ``--out`` directory:
+nothing is run or re-simulated) and, per pair and error column, gives the
+experiments' mean error, their standard deviation and the standard error of
+the mean, the lowest and highest, and in how many experiments the pair was
+within its target (5% for throughput, mean TPOT and mean E2E; 10% for p50
+TTFT). The mean over independent experiments is the estimate of the
+simulator's own error on that pair; the standard deviation is what a single
+experiment adds. Rows comparing a real run with a repeat of itself
+(``... (real vs real)``) are the machine's noise floor, pooled the same way.
+
+Experiments pool only if they ran the same workload: the same load, number of
+requests, context length and ``--extra`` overrides (apart from the settings in
+``--may-differ``: by default ``hardware.cpus``, the cores the engine was
+pinned to); anything else is an error naming the file and the field.
+
+    python experiments/pool_fidelity.py experiments/results/fidelity_cpu1_neighbours \\
+        experiments/results/fidelity_cpu1_pinned --names s9 s10 --out /tmp/pooled
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from experiments.fidelity import markdown_table  # noqa: E402
+
+# metric: the issue's target for its relative error
+TARGETS = {"throughput_req_s": 0.05, "tpot_s_mean": 0.05, "e2e_s_mean": 0.05, "ttft_s_p50": 0.10}
+# column prefix: how the simulation was given the machine's speed (fidelity.py)
+VARIANTS = {
+    "err": "merged profile",
+    "pass_err": "per-pass sims",
+    "idle_err": "idle probe",
+    "nb_err": "neighbours' speed",
+    "own_err": "own speed (not a prediction)",
+}
+SAME = ("load", "num_requests", "max_model_len")  # meta fields that must agree
+NOISE = " (real vs real)"
+
+
+def read_experiment(path: Path) -> tuple[dict, pd.DataFrame]:
+    """An experiment's ``meta`` (from ``fidelity.json``) and its table (``fidelity.csv``)."""
+    files = {name: path / name for name in ("fidelity.json", "fidelity.csv")}
+    for name, file in files.items():
+        if not file.is_file():
+            raise SystemExit(f"{path}: no {name} (the --out directory of experiments/fidelity.py)")
+    meta = json.loads(files["fidelity.json"].read_text()).get("meta")
+    if not isinstance(meta, dict):
+        raise SystemExit(f"{files['fidelity.json']}: no 'meta' object")
+    table = pd.read_csv(files["fidelity.csv"])
+    for column in ("trace", "policy"):
+        if column not in table:
+            raise SystemExit(f"{files['fidelity.csv']}: no '{column}' column")
+    return meta, table
+
+
+def setting_key(override: str) -> str:
+    """``hardware.cpus=[1]`` -> ``hardware.cpus``."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def check_alike(metas: dict[str, dict], may_differ: tuple[str, ...]) -> None:
+    """Refuse to pool experiments of different workloads, naming the first field
+    that differs."""
+    (first, reference), *others = metas.items()
+
+    def extra(meta: dict) -> list[str]:
+        return sorted(o for o in meta.get("extra", []) if setting_key(o) not in may_differ)
+
+    for name, meta in others:
+        for field in SAME:
+            if meta.get(field) != reference.get(field):
+                raise SystemExit(
+                    f"{name}/fidelity.json: meta.{field} is {meta.get(field)!r}, but "
+                    f"{reference.get(field)!r} in {first}/fidelity.json: not the same workload"
+                )
+        if extra(meta) != extra(reference):
+            raise SystemExit(
+                f"{name}/fidelity.json: meta.extra is {extra(meta)}, but {extra(reference)} "
+                f"in {first}/fidelity.json (settings that may differ: {list(may_differ)}): "
+                "not the same workload"
+            )
+
+
+def pool(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """Per (trace, policy, variant, metric): the experiments that have it (``n``), their
+    mean error, its standard deviation and standard error, the lowest and highest,
+    and how many were within the metric's target; with the errors one by one, in the
+    order the experiments were given."""
+    names = list(tables)
+    long = []
+    for name, table in tables.items():
+        for prefix in VARIANTS:
+            for metric in TARGETS:
+                column = f"{prefix}_{metric}"
+                if column not in table:
+                    continue
+                part = table[["trace", "policy", column]].dropna(subset=[column])
+                long.append(
+                    part.rename(columns={column: "error"}).assign(
+                        experiment=name, variant=prefix, metric=metric
+                    )
+                )
+    if not long:
+        raise SystemExit("no error columns to pool (fidelity.csv of experiments/fidelity.py)")
+    errors = pd.concat(long, ignore_index=True)
+    rows = []
+    keys = ["trace", "policy", "variant", "metric"]
+    for (trace, policy, variant, metric), g in errors.groupby(keys, sort=False):
+        values = g["error"].to_numpy(float)
+        sd = float(np.std(values, ddof=1)) if len(values) > 1 else float("nan")
+        by = dict(zip(g["experiment"], values, strict=True))
+        rows.append(
+            dict(
+                trace=trace,
+                policy=policy,
+                variant=variant,
+                metric=metric,
+                n=len(values),
+                mean=float(values.mean()),
+                sd=sd,
+                se=sd / np.sqrt(len(values)),
+                lowest=float(values.min()),
+                highest=float(values.max()),
+                within=int((np.abs(values) <= TARGETS[metric]).sum()),
+                **{f"err_{name}": by.get(name, np.nan) for name in names},
+            )
+        )
+    return pd.DataFrame(rows)
+
+
+def pair_label(trace: str, policy: str) -> str:
+    return f"{trace.split(':')[0]} {policy}"
+
+
+def pooled_markdown(pooled: pd.DataFrame, names: list[str], variants: dict = VARIANTS) -> str:
+    """One table per variant (column prefix: title): each pair's pooled mean TPOT and
+    E2E error (± standard error), the experiments one by one, and how many were
+    within 5% on both."""
+    parts = []
+    for prefix, title in variants.items():
+        part = pooled[pooled["variant"] == prefix]
+        tpot = part[part["metric"] == "tpot_s_mean"].set_index(["trace", "policy"])
+        e2e = part[part["metric"] == "e2e_s_mean"].set_index(["trace", "policy"])
+        pairs = [k for k in tpot.index if k in e2e.index]
+        if not pairs:
+            continue
+        rows = []
+        for key in pairs:
+            t, e = tpot.loc[key], e2e.loc[key]
+            each = [
+                f"{t[f'err_{n}']:+.1%} / {e[f'err_{n}']:+.1%}" if pd.notna(t[f"err_{n}"]) else "–"
+                for n in names
+            ]
+            both = sum(
+                abs(t[f"err_{n}"]) <= TARGETS["tpot_s_mean"]
+                and abs(e[f"err_{n}"]) <= TARGETS["e2e_s_mean"]
+                for n in names
+                if pd.notna(t[f"err_{n}"])
+            )
+            rows.append(
+                [
+                    pair_label(*key),
+                    f"{t['mean']:+.1%} ± {t['se']:.1%}",
+                    f"{e['mean']:+.1%} ± {e['se']:.1%}",
+                ]
+                + each
+                + [f"{both} of {int(t['n'])}"]
+            )
+        heading = ["pair", "TPOT mean, pooled", "E2E mean, pooled", *names, "within 5% (both)"]
+        parts.append(f"### {title}\n\n" + markdown_table(heading, rows, left=1))
+    return "\n".join(parts)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("experiments", nargs="+", type=Path, help="--out directories of fidelity.py")
+    ap.add_argument(
+        "--names", nargs="+", help="a short name per experiment (default: folder names)"
+    )
+    ap.add_argument("--may-differ", nargs="*", default=["hardware.cpus"])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--wandb", default="offline", choices=["offline", "online", "disabled"])
+    args = ap.parse_args()
+    names = args.names or [p.name for p in args.experiments]
+    if len(names) != len(args.experiments) or len(set(names)) != len(names):
+        raise SystemExit(f"--names: need {len(args.experiments)} distinct names, got {names}")
+    read = {n: read_experiment(p) for n, p in zip(names, args.experiments, strict=True)}
+    check_alike(
+        {str(p): read[n][0] for n, p in zip(names, args.experiments, strict=True)},
+        tuple(args.may_differ),
+    )
+    pooled = pool({n: table for n, (_, table) in read.items()})
+    args.out.mkdir(parents=True, exist_ok=True)
+    pooled.to_csv(args.out / "pooled.csv", index=False)
+    signal = pooled[~pooled["policy"].str.endswith(NOISE)]
+    (args.out / "pooled.md").write_text(
+        f"## Errors pooled over {len(names)} experiments (TPOT mean / E2E mean)\n\n"
+        + pooled_markdown(signal, names)
+        + "\n## The machine's noise floor: a real run against its repeat\n\n"
+        + pooled_markdown(
+            pooled[pooled["policy"].str.endswith(NOISE)],
+            names,
+            {"err": "the second run against the first"},
+        )
+    )
+    summary = {
+        "experiments": {n: str(p) for n, p in zip(names, args.experiments, strict=True)},
+        "meta": {n: meta for n, (meta, _) in read.items()},
+        "pooled": pooled.to_dict(orient="records"),
+    }
+    (args.out / "pooled.json").write_text(json.dumps(summary, indent=1, default=float))
+    for prefix, title in VARIANTS.items():
+        part = signal[
+            (signal["variant"] == prefix) & signal["metric"].isin(["tpot_s_mean", "e2e_s_mean"])
+        ]
+        if part.empty:
+            continue
+        worst = part.loc[part["mean"].abs().idxmax()]
+        print(
+            f"{title}: pooled mean TPOT and E2E within 5% on "
+            f"{count_within(part)} of {part.groupby(['trace', 'policy']).ngroups} pairs; "
+            f"largest {worst['mean']:+.1%} ± {worst['se']:.1%} "
+            f"({pair_label(worst['trace'], worst['policy'])}, {worst['metric']})"
+        )
+    if args.wandb != "disabled":
+        import wandb
+
+        runs = ROOT / "outputs"
+        runs.mkdir(exist_ok=True)
+        run = wandb.init(
+            project="llm-sched-testbed",
+            group="fidelity",
+            mode=args.wandb,
+            dir=str(runs),
+            config={"experiments": summary["experiments"], "meta": summary["meta"]},
+            tags=["fidelity", "pooled"],
+        )
+        run.log({"fidelity_pooled": wandb.Table(dataframe=pooled)})
+        run.finish()
+    print(f"wrote {args.out / 'pooled.md'}")
+
+
+def count_within(part: pd.DataFrame) -> int:
+    """Pairs whose pooled mean is within its target on every metric in ``part``."""
+    ok = (part["mean"].abs() <= part["metric"].map(TARGETS)).groupby(
+        [part["trace"], part["policy"]]
+    )
+    return int(ok.all().sum())
+
+
+if __name__ == "__main__":
+    main()
