@@ -1,12 +1,16 @@
 """A small, tolerant sim-vs-real check: a change that breaks calibration shows here.
 
-The committed one-thread CPU profile (``hardware=cpu1``: on two threads a 2-core
-VM's speed jumps between levels, and a busy spell once slowed such a run 2x) was
-measured on one 2-core machine; CI runs on another of the same kind, so the
-bounds on the predictions are loose (the full experiment's targets are 5% and
+The check profiles the machine it runs on first (the profiler's quick grid, on
+one thread: ``hardware=cpu1``), as a user does before simulating, and replays a
+short trace at 70% of the capacity that profile gives: CI machines are of one
+kind but not of one speed (the committed profile's VM and one 2.2x slower have
+both run this suite), and a profile of another machine would measure the
+machine, not the simulator. A latency model that ignores the batch, a profiler
+that times steps wrongly, or a simulator that stamps tokens wrongly fails it.
+One short run drifts with the machine (a shared VM: several percent within
+minutes), so the bounds are loose (the full experiment's targets are 5% and
 10%: experiments/fidelity.py), and the simulator is held tighter at the run's
-own speed. A profile off by 2x, a latency model that ignores the batch, or a
-simulator that stamps tokens wrongly fails it.
+own speed.
 """
 
 from __future__ import annotations
@@ -18,36 +22,48 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments.fidelity import busy_steps, compare, scaled_errors, step_errors
+from experiments.fidelity import busy_steps, capacity, compare, scaled_errors, step_errors
 from testbed.runner import latency_model
-from tests.sim.test_runs import compose_cfg, run_from_config
+from tests.sim.test_runs import ROOT, compose_cfg, run_from_config
 
 SHORT = [
     "hardware=cpu1",
     "trace.num_requests=40",
-    "trace.rate=4",
     "logging=disabled",
     "progress=false",
     "plots=false",
 ]
+QUICK_PROFILE = ["mode.grid=quick", "mode.repeats=3", "mode.warmup=1", "mode.replay_requests=20"]
+
+
+def test_the_committed_profile_is_the_simulators_default():
+    model = latency_model(compose_cfg("mode=sim", *SHORT))
+    assert model.path == ROOT / "profiles" / "cpu1" / "dummy-llama.csv"
+    assert model.header["measured_by"].startswith("testbed.profiling")
 
 
 def test_sim_predicts_the_real_engine_on_a_short_trace(tmp_path):
-    run_from_config(compose_cfg("mode=sim", *SHORT), tmp_path / "sim")
-    run_from_config(compose_cfg("mode=real", "mode.idle_probe=true", *SHORT), tmp_path / "real")
+    profiles = tmp_path / "profiles"
+    run_from_config(compose_cfg("mode=profile", *QUICK_PROFILE, *SHORT, f"profiles_dir={profiles}"))
+    here = [*SHORT, f"profiles_dir={profiles}"]
+    rate = round(0.7 * capacity(here, tmp_path / "capacity"), 4)
+    here.append(f"trace.rate={rate}")
+    run_from_config(compose_cfg("mode=sim", *here), tmp_path / "sim")
+    run_from_config(compose_cfg("mode=real", "mode.idle_probe=true", *here), tmp_path / "real")
     sim = json.loads((tmp_path / "sim" / "metrics.json").read_text())
-    assert sim["latency_model"] == "profile"  # the committed cpu1 profile is in use
+    assert sim["latency_model"] == "profile"  # this machine's profile is in use
+    model = latency_model(compose_cfg("mode=sim", *here))
+    assert model.path == profiles / "cpu1" / "dummy-llama.csv"
     err = compare(tmp_path / "sim", tmp_path / "real")
-    assert abs(err["err_throughput_req_s"]) < 0.15, err
+    assert abs(err["err_throughput_req_s"]) < 0.15, (rate, err)
     # A burst amplifies the machine's drift since profiling (this VM: 10-20% within
     # an hour) several times in the mean latencies: loose bounds here, tight ones
     # at the run's own speed below.
-    assert abs(err["err_tpot_s_mean"]) < 0.5, err
-    assert abs(err["err_e2e_s_mean"]) < 0.5, err
-    assert err["e2e_corr"] > 0.9, err
+    assert abs(err["err_tpot_s_mean"]) < 0.5, (rate, err)
+    assert abs(err["err_e2e_s_mean"]) < 0.5, (rate, err)
+    assert err["e2e_corr"] > 0.9, (rate, err)
     # The latency model on the real run's own steps, apart from the schedule: a
     # profile off by 2x fails here.
-    model = latency_model(compose_cfg("mode=sim", *SHORT))
     steps = step_errors(busy_steps(tmp_path / "real", model))
     assert abs(steps["step_err_total"]) < 0.35, steps
     assert set(steps) >= {"step_err_median", "step_err_decode_total"}, steps
@@ -55,20 +71,19 @@ def test_sim_predicts_the_real_engine_on_a_short_trace(tmp_path):
     # At the run's own speed: the simulator (schedule, batching, the relative cost
     # of steps) apart from the machine's speed.
     own = scaled_errors(
-        SHORT, tmp_path / "own", tmp_path / "real", 1 / (1 + steps["step_err_total"]), "own"
+        here, tmp_path / "own", tmp_path / "real", 1 / (1 + steps["step_err_total"]), "own"
     )
     assert abs(own["own_err_tpot_s_mean"]) < 0.2, own
     assert abs(own["own_err_e2e_s_mean"]) < 0.2, own
     # At the machine's speed as the idle probe sampled it between requests (not
-    # from the run's steps): this machine against the one the profile was made on.
-    model = latency_model(compose_cfg("mode=sim", *SHORT))
+    # from the run's steps), against the same probe in the profile.
     reference = float(model.header["idle_probe_s"].split()[0])
     real = json.loads((tmp_path / "real" / "metrics.json").read_text())
     # This short trace leaves a few gaps (about 3 samples): a loose bound, which a
     # probe or a reference off by 1.5x still fails.
     assert real["idle_probe_samples"] >= 1, real
     factor = real["idle_probe_s"] / reference
-    idle = scaled_errors(SHORT, tmp_path / "idle", tmp_path / "real", factor, "idle")
+    idle = scaled_errors(here, tmp_path / "idle", tmp_path / "real", factor, "idle")
     assert abs(idle["idle_err_tpot_s_mean"]) < 0.3, (factor, idle)
     assert abs(idle["idle_err_e2e_s_mean"]) < 0.3, (factor, idle)
 
