@@ -69,6 +69,13 @@ def read_experiment(path: Path) -> tuple[dict, pd.DataFrame]:
     for column in ("trace", "policy"):
         if column not in table:
             raise SystemExit(f"{files['fidelity.csv']}: no '{column}' column")
+    twice = table.duplicated(["trace", "policy"], keep=False)
+    if twice.any():
+        first = table[twice].iloc[0]
+        raise SystemExit(
+            f"{files['fidelity.csv']}: rows {[i + 2 for i in table.index[twice]]} repeat the "
+            f"pair {first['trace']} / {first['policy']}: one row per pair"
+        )
     return meta, table
 
 

@@ -81,6 +81,11 @@ def test_read_experiment_names_what_is_missing(tmp_path):
     (tmp_path / "fidelity.json").write_text(json.dumps({"meta": META}))
     with pytest.raises(SystemExit, match=r"fidelity.csv: no 'policy' column"):
         read_experiment(tmp_path)
+    table([("az", "fcfs", 0.0, 0.0), ("az", "sjf", 0.0, 0.0), ("az", "fcfs", 0.1, 0.1)]).to_csv(
+        tmp_path / "fidelity.csv", index=False
+    )
+    with pytest.raises(SystemExit, match=r"fidelity.csv: rows \[2, 4\] repeat the pair az / fcfs"):
+        read_experiment(tmp_path)
 
 
 def test_main_writes_pooled_tables_with_the_noise_floor_apart(tmp_path, monkeypatch, capsys):
