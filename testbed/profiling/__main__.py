@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from testbed.engine.llm import EngineArgs
-from testbed.profiling.profiler import GRIDS, run_profile
+from testbed.profiling.profiler import GRIDS, fit_check, run_profile
 
 
 def main() -> None:
@@ -37,6 +37,7 @@ def main() -> None:
         replay_requests=args.replay_requests,
     )
     print(f"wrote {path}")
+    print(fit_check(path)[1])
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import torch
 
 from testbed.core import Request, SamplingParams
 from testbed.engine.llm import EngineArgs, build_engine
-from testbed.sim.latency import FEATURES, read_profile_header, step_features
+from testbed.sim.latency import FEATURES, ProfileModel, read_profile_header, step_features
 
 GRIDS = {
     # (decode batch, decode context, prefill tokens) per point. Every small decode
@@ -38,6 +38,27 @@ GRIDS = {
     + [(b, 256, p) for b in (4, 16) for p in (64, 256, 1024)],
     "quick": [(b, 128, 0) for b in (1, 4, 16)] + [(0, 0, p) for p in (32, 256)] + [(4, 128, 128)],
 }
+
+
+# The latency model's median relative error on the table it was fitted to, over
+# which a profile's points contradict each other: on a steady 2-core VM 2%; on one
+# whose speed swung ~10% within a minute 12-16%
+# (experiments/results/fidelity_cpu1_noisy_vm/).
+FIT_WARN = 0.05
+
+
+def fit_check(path: str | Path) -> tuple[float, str]:
+    """The latency model's fit to a profile table (its median relative error), and
+    a line saying so, with a warning when it is over :data:`FIT_WARN`."""
+    err = ProfileModel(path).fit_rel_error
+    line = f"latency model fitted to it: median relative error {err:.1%}"
+    if err > FIT_WARN:
+        line += (
+            f"\nWARNING: over {FIT_WARN:.0%}: the profile's points disagree with each other, "
+            "as when the machine's speed moves while it is measured; simulations from it "
+            "will be off by as much. Profile again when the machine is steadier."
+        )
+    return err, line
 
 
 PREFILL_BUDGET = 2048  # tokens per step beyond the decodes: the largest prefill point fits

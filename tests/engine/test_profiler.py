@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
-from testbed.profiling.profiler import GRIDS
+from testbed.profiling.profiler import FIT_WARN, GRIDS, fit_check
 from testbed.sim.latency import ProfileModel, read_profile_header
 from tests.sim.test_runs import compose_cfg, run_from_config
 
@@ -51,6 +52,30 @@ def test_profile_mode_writes_a_table_with_its_provenance_and_speed_probe(tmp_pat
     decodes = points[points["prefill_tokens"] == 0].sort_values("decode_batch")
     assert decodes["latency_s"].is_monotonic_increasing
     assert ProfileModel(path).fit_rel_error < 0.25
+    assert out["fit_rel_error"] == pytest.approx(ProfileModel(path).fit_rel_error)
+
+
+def test_fit_check_warns_when_a_profiles_points_disagree(tmp_path):
+    from tests.sim.test_latency import write_profile
+
+    rng = np.random.default_rng(1)
+    truth = np.array([2e-3, 1e-4, 2e-6, 1e-10, 5e-9])  # overheads, tokens, pairs, kv
+
+    def profile(name: str, speed_spread: float):
+        rows = []
+        for reqs in (1, 2, 4, 8, 16, 32, 64):
+            for tokens_per in (1, 32, 256):
+                ctx = int(rng.integers(64, 4096))
+                t, p, k = reqs * tokens_per, reqs * tokens_per * (ctx + tokens_per / 2), reqs * ctx
+                speed = 1 + speed_spread * rng.uniform(-1, 1)  # the machine's, per point
+                rows.append((reqs, t, p, k, truth @ [1, reqs, t, p, k] * speed))
+        write_profile(tmp_path / name, rows)
+        return fit_check(tmp_path / name)
+
+    err, line = profile("steady.csv", 0.01)
+    assert err < FIT_WARN and "WARNING" not in line and f"{err:.1%}" in line
+    err, line = profile("moving.csv", 0.4)
+    assert err > FIT_WARN and f"{err:.1%}" in line and "WARNING: over 5%" in line
 
 
 def test_merged_passes_fit_the_mean_speed_and_keep_every_row(tmp_path):
