@@ -197,6 +197,14 @@ def pooled_markdown(pooled: pd.DataFrame, names: list[str], variants: dict = VAR
     return "\n".join(parts)
 
 
+def count_within(part: pd.DataFrame) -> int:
+    """Pairs whose pooled mean is within its target on every metric in ``part``."""
+    ok = (part["mean"].abs() <= part["metric"].map(TARGETS)).groupby(
+        [part["trace"], part["policy"]]
+    )
+    return int(ok.all().sum())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("experiments", nargs="+", type=Path, help="--out directories of fidelity.py")
@@ -264,14 +272,6 @@ def main() -> None:
         run.log({"fidelity_pooled": wandb.Table(dataframe=pooled)})
         run.finish()
     print(f"wrote {args.out / 'pooled.md'}")
-
-
-def count_within(part: pd.DataFrame) -> int:
-    """Pairs whose pooled mean is within its target on every metric in ``part``."""
-    ok = (part["mean"].abs() <= part["metric"].map(TARGETS)).groupby(
-        [part["trace"], part["policy"]]
-    )
-    return int(ok.all().sum())
 
 
 if __name__ == "__main__":
