@@ -108,7 +108,12 @@ sys.path.insert(0, str(ROOT))
 
 from hydra import compose, initialize_config_dir  # noqa: E402
 
-from testbed.profiling.profiler import merge_profiles, probe_engine, speed_probe  # noqa: E402
+from testbed.profiling.profiler import (  # noqa: E402
+    FIT_WARN,
+    merge_profiles,
+    probe_engine,
+    speed_probe,
+)
 from testbed.runner import engine_args, latency_model, real_model, run_from_config  # noqa: E402
 from traces.transforms import mean_rate  # noqa: E402
 
@@ -946,6 +951,15 @@ def main() -> None:
         for trace in plans
         for policy in args.policies
     }
+    # How well the latency model fits its own profile: over FIT_WARN, the machine's
+    # speed moved while it was profiled, and every error below carries that.
+    fits = [m.fit_rel_error for m in models.values() if hasattr(m, "fit_rel_error")]
+    profile_fit = max(fits) if fits else None
+    if profile_fit is not None and profile_fit > FIT_WARN:
+        print(
+            f"WARNING: the latency model fits its profile to {profile_fit:.1%} (median relative "
+            f"error, over {FIT_WARN:.0%}): the machine's speed moved while it was profiled"
+        )
     predicted_of = {run: busy_steps(run, models[t, p]) for t, p, run in ran}
     own_of = {run: own_speed(step_errors(predicted_of[run])) for _, _, run in ran}
     around = neighbour_speeds([(t, p) for t, p, _ in ran], [own_of[run] for _, _, run in ran])
@@ -1114,6 +1128,7 @@ def main() -> None:
         reused_real_runs=str(reuse) if reuse else None,
         repeats=args.repeats,
         profile_passes=len(pass_dirs),
+        profile_fit_rel_error=profile_fit,
         interrupted=interrupted,
     )
     summary = dict(

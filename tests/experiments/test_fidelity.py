@@ -125,6 +125,10 @@ def test_fidelity_script_end_to_end_then_reanalysed_from_its_real_runs(tmp_path,
     assert [fcfs["own_each_err_min_tpot_s_mean"], fcfs["own_each_err_max_tpot_s_mean"]] == [
         pytest.approx(e, rel=1e-4, abs=1e-6) for e in each
     ]
+    # The latency model's fit to its profile (the committed one of this hardware).
+    meta = json.loads((tmp_path / "out" / "fidelity.json").read_text())["meta"]
+    committed = latency_model(compose_cfg("mode=sim"))
+    assert meta["profile_fit_rel_error"] == pytest.approx(committed.fit_rel_error)
     again = main("runs2", "--repeats", "2", "--reuse", str(runs))
     # Nothing real ran again; the same real runs give the same comparison.
     (runs2,) = (tmp_path / "runs2").iterdir()
