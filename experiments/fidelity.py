@@ -109,16 +109,18 @@ sys.path.insert(0, str(ROOT))
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 from testbed.profiling.profiler import (  # noqa: E402
-    FIT_WARN,
+    fit_line,
     merge_profiles,
     probe_engine,
     speed_probe,
 )
+from testbed.report.wandb_log import log_experiment  # noqa: E402
 from testbed.runner import engine_args, latency_model, real_model, run_from_config  # noqa: E402
 from traces.transforms import mean_rate  # noqa: E402
 
 STATS = ("mean", "p50", "p90", "p99")
 LATENCIES = ("ttft_s", "tpot_s", "e2e_s")
+NOISE = " (real vs real)"  # the policy column of a real run against its repeat
 LOWEST_RATE = 0.05  # req/s: where the capacity search starts (assumed sustained)
 
 
@@ -951,15 +953,12 @@ def main() -> None:
         for trace in plans
         for policy in args.policies
     }
-    # How well the latency model fits its own profile: over FIT_WARN, the machine's
+    # How well the latency model fits its own profile: over FIT_WARN (a warning), the machine's
     # speed moved while it was profiled, and every error below carries that.
     fits = [m.fit_rel_error for m in models.values() if hasattr(m, "fit_rel_error")]
     profile_fit = max(fits) if fits else None
-    if profile_fit is not None and profile_fit > FIT_WARN:
-        print(
-            f"WARNING: the latency model fits its profile to {profile_fit:.1%} (median relative "
-            f"error, over {FIT_WARN:.0%}): the machine's speed moved while it was profiled"
-        )
+    if profile_fit is not None:
+        print(fit_line(profile_fit))
     predicted_of = {run: busy_steps(run, models[t, p]) for t, p, run in ran}
     own_of = {run: own_speed(step_errors(predicted_of[run])) for _, _, run in ran}
     around = neighbour_speeds([(t, p) for t, p, _ in ran], [own_of[run] for _, _, run in ran])
@@ -1053,7 +1052,7 @@ def main() -> None:
                 rows.append(
                     dict(
                         trace=trace,
-                        policy=f"{policy} (real vs real)",
+                        policy=f"{policy}{NOISE}",
                         rate_req_s=rate,
                         capacity_req_s=cap,
                         **compare(repeats[1], repeats[0]),  # the same real run, twice
@@ -1145,29 +1144,20 @@ def main() -> None:
     print(markdown(table))
     if effects_md:
         print(effects_md)
-    if args.wandb != "disabled":
-        import wandb
-
-        run = wandb.init(
-            project="llm-sched-testbed",
-            group="fidelity",
-            mode=args.wandb,
-            dir=str(runs),
-            config=meta,
-            tags=["fidelity"],
-        )
-        logged = {
-            "fidelity": wandb.Table(dataframe=table),
-            "fidelity_plots": wandb.Image(str(out / "fidelity.png")),
-        }
-        if not effects.empty:
-            logged["policy_effects"] = wandb.Table(dataframe=effects)
-            logged["policy_orders"] = wandb.Table(dataframe=orders)
-        if not sizes.empty:
-            logged["steps_by_size"] = wandb.Table(dataframe=sizes)
-        logged["run_speeds"] = wandb.Table(dataframe=speeds)
-        run.log(logged)
-        run.finish()
+    log_experiment(
+        args.wandb,
+        runs,
+        "fidelity",
+        meta,
+        tables=dict(
+            fidelity=table,
+            policy_effects=effects,
+            policy_orders=orders,
+            steps_by_size=sizes,
+            run_speeds=speeds,
+        ),
+        images=dict(fidelity_plots=out / "fidelity.png"),
+    )
     print(f"wrote {out}")
 
 

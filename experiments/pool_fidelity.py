@@ -40,7 +40,8 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from experiments.fidelity import markdown_table  # noqa: E402
+from experiments.fidelity import NOISE, markdown_table  # noqa: E402
+from testbed.report.wandb_log import log_experiment  # noqa: E402
 
 # metric: the target for its relative error
 TARGETS = {"throughput_req_s": 0.05, "tpot_s_mean": 0.05, "e2e_s_mean": 0.05, "ttft_s_p50": 0.10}
@@ -53,7 +54,6 @@ VARIANTS = {
     "own_err": "own speed (not a prediction)",
 }
 SAME = ("load", "num_requests", "max_model_len")  # meta fields that must agree
-NOISE = " (real vs real)"
 
 
 def read_experiment(path: Path) -> tuple[dict, pd.DataFrame]:
@@ -256,21 +256,14 @@ def main() -> None:
             f"largest {worst['mean']:+.1%} ± {worst['se']:.1%} "
             f"({pair_label(worst['trace'], worst['policy'])}, {worst['metric']})"
         )
-    if args.wandb != "disabled":
-        import wandb
-
-        runs = ROOT / "outputs"
-        runs.mkdir(exist_ok=True)
-        run = wandb.init(
-            project="llm-sched-testbed",
-            group="fidelity",
-            mode=args.wandb,
-            dir=str(runs),
-            config={"experiments": summary["experiments"], "meta": summary["meta"]},
-            tags=["fidelity", "pooled"],
-        )
-        run.log({"fidelity_pooled": wandb.Table(dataframe=pooled)})
-        run.finish()
+    log_experiment(
+        args.wandb,
+        ROOT / "outputs",
+        "fidelity",
+        {"experiments": summary["experiments"], "meta": summary["meta"]},
+        tables={"fidelity_pooled": pooled},
+        tags=["fidelity", "pooled"],
+    )
     print(f"wrote {args.out / 'pooled.md'}")
 
 

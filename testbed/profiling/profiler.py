@@ -47,18 +47,23 @@ GRIDS = {
 FIT_WARN = 0.05
 
 
-def fit_check(path: str | Path) -> tuple[float, str]:
-    """The latency model's fit to a profile table (its median relative error), and
-    a line saying so, with a warning when it is over :data:`FIT_WARN`."""
-    err = ProfileModel(path).fit_rel_error
-    line = f"latency model fitted to it: median relative error {err:.1%}"
+def fit_line(err: float) -> str:
+    """What a latency model's fit to its profile (median relative error) says, with
+    a warning when it is over :data:`FIT_WARN`."""
+    line = f"latency model fitted to its profile: median relative error {err:.1%}"
     if err > FIT_WARN:
         line += (
             f"\nWARNING: over {FIT_WARN:.0%}: the profile's points disagree with each other, "
             "as when the machine's speed moves while it is measured; simulations from it "
             "will be off by as much. Profile again when the machine is steadier."
         )
-    return err, line
+    return line
+
+
+def fit_check(path: str | Path) -> tuple[float, str]:
+    """The latency model's fit to a profile table, and :func:`fit_line`."""
+    err = ProfileModel(path).fit_rel_error
+    return err, fit_line(err)
 
 
 PREFILL_BUDGET = 2048  # tokens per step beyond the decodes: the largest prefill point fits

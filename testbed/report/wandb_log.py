@@ -69,3 +69,37 @@ def log_run(
         return run.dir
     finally:
         run.finish()
+
+
+def log_experiment(
+    mode: str,
+    directory: Path,
+    group: str,
+    config: dict[str, Any],
+    tables: Mapping[str, pd.DataFrame],
+    images: Mapping[str, Path] | None = None,
+    tags: list[str] | None = None,
+) -> None:
+    """Log an experiment's result tables (empty ones left out) and images as one
+    W&B run of ``group``; nothing when ``mode`` is ``disabled``."""
+    if mode == "disabled":
+        return
+    os.environ.setdefault("WANDB_SILENT", "true")
+    import wandb
+
+    directory.mkdir(parents=True, exist_ok=True)
+    run = wandb.init(
+        project="llm-sched-testbed",
+        group=group,
+        mode=mode,
+        dir=str(directory),
+        config=config,
+        tags=tags or [group],
+        reinit="finish_previous",
+    )
+    try:
+        logged = {k: wandb.Table(dataframe=t) for k, t in tables.items() if not t.empty}
+        logged |= {k: wandb.Image(str(path)) for k, path in (images or {}).items()}
+        run.log(logged)
+    finally:
+        run.finish()

@@ -75,17 +75,15 @@ def test_sim_predicts_the_real_engine_on_a_short_trace(tmp_path):
     )
     assert abs(own["own_err_tpot_s_mean"]) < 0.2, own
     assert abs(own["own_err_e2e_s_mean"]) < 0.2, own
-    # At the machine's speed as the idle probe sampled it between requests (not
-    # from the run's steps), against the same probe in the profile.
+    # The idle probe sampled between requests (not from the run's steps), against
+    # the same probe in the profile: on one machine minutes apart their ratio is
+    # near 1; a probe or a reference off by 1.5x fails. (A simulation scaled by it
+    # carries the quick profile's own error, which the bounds above already take.)
     reference = float(model.header["idle_probe_s"].split()[0])
     real = json.loads((tmp_path / "real" / "metrics.json").read_text())
-    # This short trace leaves a few gaps (about 3 samples): a loose bound, which a
-    # probe or a reference off by 1.5x still fails.
-    assert real["idle_probe_samples"] >= 1, real
+    assert real["idle_probe_samples"] >= 1, real  # this short trace leaves a few gaps
     factor = real["idle_probe_s"] / reference
-    idle = scaled_errors(here, tmp_path / "idle", tmp_path / "real", factor, "idle")
-    assert abs(idle["idle_err_tpot_s_mean"]) < 0.3, (factor, idle)
-    assert abs(idle["idle_err_e2e_s_mean"]) < 0.3, (factor, idle)
+    assert 1 / 1.5 < factor < 1.5, (factor, real["idle_probe_s"], reference)
 
 
 def test_fidelity_script_end_to_end_then_reanalysed_from_its_real_runs(tmp_path, monkeypatch):
