@@ -12,6 +12,7 @@ weights, or its ``path``).
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -157,6 +158,12 @@ def build_engine(
     if args.cpus is not None:
         pin_cpus(args.cpus)
     dtype = pick_dtype(args.dtype, device)
+    if device.type == "cuda":
+        # An engine of an earlier run in this process (a sweep, an experiment's
+        # runs) may still hold its weights and cache, kept alive by reference
+        # cycles: free them before taking most of the card again.
+        gc.collect()
+        torch.cuda.empty_cache()
     if weights is not None:
         model, dtype = weights, next(weights.parameters()).dtype
     else:

@@ -18,17 +18,22 @@ def init_dummy(model: CausalLM, seed: int = 0) -> None:
     scale, so that the layers, not the input embedding, dominate the residual
     stream: greedy outputs then vary from token to token (a dummy model that
     repeats its input token would make batch-invariance tests trivially true)."""
-    gen = torch.Generator().manual_seed(seed)
+    device = next(model.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def randn(p: torch.Tensor) -> torch.Tensor:
+        return torch.randn(p.shape, generator=gen, device=device)
+
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.fill_(1.0)
             elif name.endswith(".bias"):
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+                p.copy_(randn(p) * 0.02)
             elif p.dim() == 2 and "embed_tokens" not in name:
-                p.copy_(torch.randn(p.shape, generator=gen) / p.shape[1] ** 0.5)
+                p.copy_(randn(p) / p.shape[1] ** 0.5)
             else:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)  # embeddings
+                p.copy_(randn(p) * 0.02)  # embeddings
 
 
 def checkpoint_files(folder: Path) -> list[Path]:
@@ -91,12 +96,19 @@ def build_model(
     """The model with real weights from ``folder``, or dummy weights when it is None."""
     with torch.device("meta"):
         model = CausalLM(cfg)
-    model = model.to_empty(device="cpu")
-    model.model.rotary_emb.inv_freq = _inv_freq(cfg)
-    if folder is None:
+    if folder is None and device.type != "cpu":
+        # Dummy weights on an accelerator are made there, in the run's dtype: an 8B
+        # model's float32 copy on the host would take 32 GB and a minute or more of
+        # host random numbers, in every process that builds it (other values than
+        # the CPU's for the same seed; a seed reproduces them on the same device).
+        model = model.to(dtype).to_empty(device=device)
         init_dummy(model, seed)
     else:
-        load_checkpoint(model, folder)
+        model = model.to_empty(device="cpu")
+        if folder is None:
+            init_dummy(model, seed)
+        else:
+            load_checkpoint(model, folder)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model = model.to(device=device, dtype=dtype)

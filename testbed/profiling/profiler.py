@@ -428,7 +428,12 @@ def run_profile(
     print(f"  replaying {replay_requests} synthetic requests for realistic step mixes ...")
     # A fresh engine, as every run starts with: the grid has reordered the free
     # blocks, and K/V gathered through scattered block tables cost more on a CPU.
-    replay_engine, _, _ = build_engine(replay_args, model=model)
+    # It shares the grid engine's weights; on a GPU, whose memory the grid engine's
+    # cache already holds part of, it gets a cache of the same size (any grid point
+    # fits in it) instead of what is left of the card.
+    if executor.device.type != "cpu" and replay_args.num_kv_blocks is None:
+        replay_args.num_kv_blocks = args.num_kv_blocks
+    replay_engine, _, _ = build_engine(replay_args, model=model, weights=executor.model)
     rows += measure_replay(replay_engine, replay_requests, cfg.vocab_size, idle_probe=idle_probe)
     # Then the engine idle, as between a trace's requests: the probe at its cadence.
     rows += idle_probe_rows((idle_probe.after_pause() for _ in range(IDLE_TAIL)), "after_replay")

@@ -58,3 +58,20 @@ def test_cpu_logits_of_few_rows_equal_the_plain_product():
         assert got.shape == (rows, cfg.vocab_size) and got.is_contiguous()
         assert got.dtype == torch.float32
         torch.testing.assert_close(got, hidden @ w.T, rtol=1e-5, atol=1e-5)
+
+
+def test_dummy_weights_in_a_low_precision_dtype_are_the_float32_ones_rounded():
+    # On an accelerator, dummy weights are made in the run's dtype (build_model);
+    # the same seed gives the same values as the float32 model's, rounded.
+    from testbed.engine.weights import init_dummy
+
+    cfg, _, _ = resolve_model("dummy-llama")
+    full = build_model(cfg, None, torch.float32, torch.device("cpu"), seed=3)
+    with torch.device("meta"):
+        half = CausalLM(cfg)
+    half = half.to(torch.bfloat16).to_empty(device="cpu")
+    init_dummy(half, seed=3)
+    got = dict(half.named_parameters())
+    for name, p in full.named_parameters():
+        assert got[name].dtype == torch.bfloat16
+        torch.testing.assert_close(got[name], p.to(torch.bfloat16), rtol=0, atol=0)
