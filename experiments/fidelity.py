@@ -116,6 +116,7 @@ from testbed.profiling.profiler import (  # noqa: E402
 )
 from testbed.report.wandb_log import log_experiment  # noqa: E402
 from testbed.runner import engine_args, latency_model, real_model, run_from_config  # noqa: E402
+from testbed.signals import interrupt_on_sigterm  # noqa: E402
 from traces.transforms import mean_rate  # noqa: E402
 
 STATS = ("mean", "p50", "p90", "p99")
@@ -794,6 +795,7 @@ def main() -> None:
         "running them again: re-simulate and re-analyse only",
     )
     args = ap.parse_args()
+    interrupt_on_sigterm()  # stopped by timeout or kill: the finished runs are analysed
     if args.repeats < 1 or args.profile_passes < 0:
         raise SystemExit("--repeats must be >= 1 and --profile-passes >= 0")
     out, runs = Path(args.out), Path(args.runs) / time.strftime("%Y%m%d-%H%M%S")

@@ -19,7 +19,8 @@
 # (copies of hydra, omegaconf, antlr4, simpy: pure Python) go on PYTHONPATH, and
 # .devsite/traces serves as TESTBED_TRACES_DIR (copies of the shared traces; the
 # folder is git-ignored and never committed). Writes at most eight files into
-# OUT_DIR: run.log (everything printed), h200-llama3-8b.csv, fidelity.tgz and the
+# OUT_DIR: run.log (everything printed), h200-llama3-8b.csv (or, stopped at its
+# limit, the points it measured: h200-llama3-8b.partial.csv), fidelity.tgz and the
 # benchmarks' JSON. Commit the JSON with the date and device under
 # benchmarks/results/<device>/, and the profile as profiles/h200/llama3-8b.csv.
 set -uo pipefail
@@ -50,7 +51,7 @@ step() {
     return 1
   fi
   echo "== $name (at most $t s; $(date -u +%T))"
-  timeout -k 5 "$t" "$@"
+  timeout -k 30 "$t" "$@"  # SIGTERM first: each step writes what it measured
   local rc=$?
   echo "== $name: exit $rc after $((SECONDS - t0)) s"
   return $rc
@@ -69,7 +70,8 @@ PROFILE=profiles/$HW/$MODEL.csv
 if [[ $PARTS == *,profile,* ]]; then
   step "profile of $MODEL on $HW" 240 "$PY" -m testbed.profiling --model "$MODEL" \
     --hardware "$HW" --grid "${GPU_CHECK_GRID:-default}" --repeats 5 --replay-requests 40 \
-    --out profiles && cp "$PROFILE" "$OUT/$HW-$MODEL.csv"
+    --out profiles && cp "$PROFILE" "$OUT/$HW-$MODEL.csv" ||
+    cp "profiles/$HW/$MODEL.partial.csv" "$OUT/$HW-$MODEL.partial.csv"
 fi
 
 if [[ $PARTS == *,fidelity,* ]] && [ -f "$PROFILE" ] && "$PY" -c "import hydra, simpy" 2>/dev/null; then

@@ -12,6 +12,7 @@ import argparse
 
 from testbed.engine.llm import EngineArgs
 from testbed.profiling.profiler import GRIDS, fit_check, run_profile
+from testbed.signals import interrupt_on_sigterm
 
 
 def main() -> None:
@@ -26,16 +27,20 @@ def main() -> None:
     ap.add_argument("--num-kv-blocks", type=int, default=None)
     ap.add_argument("--out", default="profiles")
     args = ap.parse_args()
+    interrupt_on_sigterm()
     engine = EngineArgs(model=args.model, device=args.device, num_kv_blocks=args.num_kv_blocks)
-    path = run_profile(
-        engine,
-        GRIDS[args.grid],
-        args.repeats,
-        args.warmup,
-        args.out,
-        args.hardware,
-        replay_requests=args.replay_requests,
-    )
+    try:
+        path = run_profile(
+            engine,
+            GRIDS[args.grid],
+            args.repeats,
+            args.warmup,
+            args.out,
+            args.hardware,
+            replay_requests=args.replay_requests,
+        )
+    except KeyboardInterrupt:
+        raise SystemExit("interrupted") from None
     print(f"wrote {path}")
     print(fit_check(path)[1])
 

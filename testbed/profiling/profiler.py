@@ -218,12 +218,19 @@ def summarize_point(point: Point, rows: list[dict]) -> dict:
 
 
 def measure_replay(
-    engine, num_requests: int, vocab: int, seed: int = 1234, idle_probe=None
+    engine,
+    num_requests: int,
+    vocab: int,
+    idle_probe=None,
+    rows: list[dict] | None = None,
+    seed: int = 1234,
 ) -> list[dict]:
     """Every step of a short replay of the embedded synthetic trace (another seed
     than the default runs use): the batch mixes a real workload produces, which a
     grid alone does not cover. One row per step; with an ``idle_probe``, also
-    one ``kind=idle_probe`` row per sample taken in the replay's idle gaps."""
+    one ``kind=idle_probe`` row per sample taken in the replay's idle gaps.
+    Appended to ``rows`` where given, so that an interrupted or failed replay
+    (re-raised here) leaves the steps it measured there."""
     from testbed.engine.replay import replay
     from testbed.workload import to_requests
     from traces.synthetic import synthetic_trace
@@ -240,7 +247,7 @@ def measure_replay(
     requests = to_requests(trace, with_tokens=True, vocab_size=vocab, seed=seed)
     for r in requests:
         r.request_id = f"calibration-{r.request_id}"
-    rows: list[dict] = []
+    rows = [] if rows is None else rows
 
     def record(res) -> None:
         so = res.scheduler_output
@@ -261,6 +268,10 @@ def measure_replay(
 
     result = replay(engine, requests, on_step=record, idle_probe=idle_probe)
     rows += idle_probe_rows((s for _, s in result.extra.get("idle_probe", [])), "replay_gaps")
+    if result.error is not None:  # replay keeps what it measured and returns
+        raise result.error
+    if result.partial:
+        raise KeyboardInterrupt(f"profiler replay: {result.stop_reason}")
     return rows
 
 
@@ -403,7 +414,12 @@ def run_profile(
     replay_requests: int = 80,
 ) -> Path:
     """Measure every grid point, then every step of a short synthetic replay, and
-    write ``<out_dir>/<hardware>/<model>.csv``."""
+    write ``<out_dir>/<hardware>/<model>.csv``.
+
+    Interrupted (Ctrl-C, SIGTERM where :func:`testbed.signals.interrupt_on_sigterm`
+    is installed) or failing part-way, it writes what it measured to
+    ``<model>.partial.csv`` (its header says how far it got; the simulator never
+    reads it) and re-raises."""
     points = [Point(*g) for g in grid]
     # The replay runs the engine as configured (its batch and token limits, prefix
     # caching): the mixes of steps that engine's runs produce.
@@ -413,34 +429,64 @@ def run_profile(
     executor.record_timings = True
     name = model_name or Path(args.model).name
     probes = [speed_probe(engine, executor, cfg.vocab_size)]
-    idle_probe = IdleProbe(args, executor)
-    rows = []
-    for i, point in enumerate(points):
-        r = measure_point(engine, executor, point, repeats, warmup, cfg.vocab_size, i)
-        rows.append(r)
-        rows += idle_probe_rows([idle_probe.after_pause()], "between_points")
-        print(
-            f"  [{i + 1}/{len(points)}] decodes {point.decode_batch:>3} x ctx "
-            f"{point.context:>5}, prefill {point.prefill_tokens:>5}: "
-            f"{r['latency_s'] * 1e3:8.2f} ms",
-            flush=True,
+    rows: list[dict] = []
+    done = 0  # grid points measured
+    try:
+        idle_probe = IdleProbe(args, executor)
+        for point in points:
+            r = measure_point(engine, executor, point, repeats, warmup, cfg.vocab_size, done)
+            rows.append(r)
+            rows += idle_probe_rows([idle_probe.after_pause()], "between_points")
+            done += 1
+            print(
+                f"  [{done}/{len(points)}] decodes {point.decode_batch:>3} x ctx "
+                f"{point.context:>5}, prefill {point.prefill_tokens:>5}: "
+                f"{r['latency_s'] * 1e3:8.2f} ms",
+                flush=True,
+            )
+        print(f"  replaying {replay_requests} synthetic requests for realistic step mixes ...")
+        # A fresh engine, as every run starts with: the grid has reordered the free
+        # blocks, and K/V gathered through scattered block tables cost more on a CPU.
+        # It shares the grid engine's weights; on a GPU, whose memory the grid
+        # engine's cache already holds part of, it gets a cache of the same size
+        # (any grid point fits in it) instead of what is left of the card.
+        if executor.device.type != "cpu" and replay_args.num_kv_blocks is None:
+            replay_args.num_kv_blocks = args.num_kv_blocks
+        replay_engine, _, _ = build_engine(replay_args, model=model, weights=executor.model)
+        measure_replay(replay_engine, replay_requests, cfg.vocab_size, idle_probe, rows)
+        # Then the engine idle, as between a trace's requests: the probe at its cadence.
+        rows += idle_probe_rows(
+            (idle_probe.after_pause() for _ in range(IDLE_TAIL)), "after_replay"
         )
-    print(f"  replaying {replay_requests} synthetic requests for realistic step mixes ...")
-    # A fresh engine, as every run starts with: the grid has reordered the free
-    # blocks, and K/V gathered through scattered block tables cost more on a CPU.
-    # It shares the grid engine's weights; on a GPU, whose memory the grid engine's
-    # cache already holds part of, it gets a cache of the same size (any grid point
-    # fits in it) instead of what is left of the card.
-    if executor.device.type != "cpu" and replay_args.num_kv_blocks is None:
-        replay_args.num_kv_blocks = args.num_kv_blocks
-    replay_engine, _, _ = build_engine(replay_args, model=model, weights=executor.model)
-    rows += measure_replay(replay_engine, replay_requests, cfg.vocab_size, idle_probe=idle_probe)
-    # Then the engine idle, as between a trace's requests: the probe at its cadence.
-    rows += idle_probe_rows((idle_probe.after_pause() for _ in range(IDLE_TAIL)), "after_replay")
-    del replay_engine
-    probes.append(speed_probe(engine, executor, cfg.vocab_size))
+        del replay_engine
+        probes.append(speed_probe(engine, executor, cfg.vocab_size))
+    except (KeyboardInterrupt, Exception) as e:
+        why = "interrupted" if isinstance(e, KeyboardInterrupt) else f"failed ({e!r})"
+        replayed = sum(r["grid"] == "replay" for r in rows)
+        header = profile_header(args, replay_args, executor, hardware, name, repeats, warmup)
+        header["partial"] = (
+            f"{why} after {done} of {len(points)} grid points and {replayed} replay steps"
+        )
+        header.update(probe_headers(probes, rows))
+        path = Path(out_dir) / hardware / f"{name}.partial.csv"
+        write_profile(path, header, pd.DataFrame(rows))
+        print(f"profiler {header['partial']}: wrote what it measured to {path}", flush=True)
+        raise
+    header = profile_header(args, replay_args, executor, hardware, name, repeats, warmup)
+    header.update(probe_headers(probes, rows))
+    header["measured_by"] = "testbed.profiling (python run.py mode=profile)"
+    path = Path(out_dir) / hardware / f"{name}.csv"
+    write_profile(path, header, pd.DataFrame(rows))
+    return path
+
+
+def profile_header(
+    args: EngineArgs, replay_args: EngineArgs, executor, hardware: str, name: str, *counts
+) -> dict:
+    """Where, when and how a profile was measured (``counts``: repeats, warm-up)."""
+    repeats, warmup = counts
     device = executor.device
-    header = {
+    return {
         "device": torch.cuda.get_device_name(device)
         if device.type == "cuda"
         else f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
@@ -463,17 +509,20 @@ def run_profile(
         "replay_engine": f"max_num_seqs={replay_args.max_num_seqs}, "
         f"max_num_batched_tokens={replay_args.max_num_batched_tokens}, "
         f"prefix_caching={replay_args.enable_prefix_caching}",
-        # The machine's speed while it was measured (see speed_probe): before the
-        # grid and after the replay, and their mean.
-        "speed_probe_s": f"{statistics.fmean(probes):.6g} ({probes[0]:.6g}, {probes[1]:.6g})",
-        # The idle probe's median over every sample (kind=idle_probe rows), which a
-        # run with mode.idle_probe=true compares with its own.
-        "idle_probe_s": idle_probe_header([r for r in rows if r["kind"] == "idle_probe"]),
-        "measured_by": "testbed.profiling (python run.py mode=profile)",
     }
-    path = Path(out_dir) / hardware / f"{name}.csv"
-    write_profile(path, header, pd.DataFrame(rows))
-    return path
+
+
+def probe_headers(probes: list[float], rows: list[dict]) -> dict:
+    """The machine's speed while it was measured (see speed_probe): before the grid
+    and after the replay, and their mean; the idle probe's median over every
+    sample (kind=idle_probe rows), which a run with mode.idle_probe=true compares
+    with its own."""
+    each = ", ".join(f"{p:.6g}" for p in probes)
+    out = {"speed_probe_s": f"{statistics.fmean(probes):.6g} ({each})"}
+    samples = [r for r in rows if r["kind"] == "idle_probe"]
+    if samples:
+        out["idle_probe_s"] = idle_probe_header(samples)
+    return out
 
 
 def write_profile(path: Path, header: dict, table: pd.DataFrame) -> None:

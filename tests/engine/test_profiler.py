@@ -127,3 +127,69 @@ def test_merged_passes_fit_the_mean_speed_and_keep_every_row(tmp_path):
     )
     with pytest.raises(ValueError, match="differ in hardware"):
         merge_profiles([paths[0], other], tmp_path / "bad.csv")
+
+
+@pytest.mark.parametrize("stop", ["point", "replay"])
+def test_an_interrupted_profile_writes_what_it_measured_apart(tmp_path, monkeypatch, stop):
+    # Stopped part-way (Ctrl-C, or SIGTERM from a timeout), the profiler writes the
+    # rows it measured to <model>.partial.csv, which the simulator never reads, says
+    # how far it got, and re-raises; no <model>.csv appears.
+    from testbed.engine import replay as replay_module
+    from testbed.engine.llm import EngineArgs
+    from testbed.profiling import profiler
+
+    measure = profiler.measure_point
+    calls = []
+
+    def stopping_point(*args, **kwargs):
+        calls.append(args[6] < 1000)  # grid points; the speed probe's are 1000 on
+        if stop == "point" and sum(calls) == 3:
+            raise KeyboardInterrupt
+        return measure(*args, **kwargs)
+
+    real_replay = replay_module.replay
+
+    def failing_replay(engine, requests, **kwargs):
+        seen = []
+
+        def on_step(res):
+            kwargs["on_step"](res)
+            seen.append(1)
+            if len(seen) == 4:
+                raise RuntimeError("broken step")
+
+        return real_replay(engine, requests, **{**kwargs, "on_step": on_step})
+
+    monkeypatch.setattr(profiler, "measure_point", stopping_point)
+    monkeypatch.setattr(replay_module, "replay", failing_replay)
+    expected = KeyboardInterrupt if stop == "point" else RuntimeError
+    with pytest.raises(expected):
+        profiler.run_profile(
+            EngineArgs(model="dummy-llama", device="cpu"),
+            GRIDS["quick"],
+            repeats=2,
+            warmup=1,
+            out_dir=tmp_path,
+            hardware="cpu",
+            replay_requests=6,
+        )
+    assert not (tmp_path / "cpu" / "dummy-llama.csv").exists()
+    path = tmp_path / "cpu" / "dummy-llama.partial.csv"
+    header = read_profile_header(path)
+    table = pd.read_csv(path, comment="#")
+    points = table[table["grid"] == "point"]
+    replayed = table[table["grid"] == "replay"]
+    if stop == "point":
+        assert (
+            header["partial"]
+            == f"interrupted after 2 of {len(GRIDS['quick'])} grid points and 0 replay steps"
+        )
+        assert len(points) == 2 and replayed.empty
+    else:
+        assert header["partial"].startswith("failed (RuntimeError('broken step'))")
+        assert header["partial"].endswith(
+            f"after {len(GRIDS['quick'])} of {len(GRIDS['quick'])} grid points and 4 replay steps"
+        )
+        assert len(points) == len(GRIDS["quick"]) and len(replayed) == 4
+    assert (table[table["kind"] != "idle_probe"]["latency_s"] > 0).all()
+    assert header["model"] == "dummy-llama" and "speed_probe_s" in header
