@@ -463,28 +463,28 @@ def run_profile(
     except (KeyboardInterrupt, Exception) as e:
         why = "interrupted" if isinstance(e, KeyboardInterrupt) else f"failed ({e!r})"
         replayed = sum(r["grid"] == "replay" for r in rows)
-        header = profile_header(args, replay_args, executor, hardware, name, repeats, warmup)
-        header["partial"] = (
-            f"{why} after {done} of {len(points)} grid points and {replayed} replay steps"
-        )
-        header.update(probe_headers(probes, rows))
+        partial = f"{why} after {done} of {len(points)} grid points and {replayed} replay steps"
         path = Path(out_dir) / hardware / f"{name}.partial.csv"
-        write_profile(path, header, pd.DataFrame(rows))
-        print(f"profiler {header['partial']}: wrote what it measured to {path}", flush=True)
+        header = profile_header(args, replay_args, executor, hardware, name, repeats, warmup)
+        write_profile(path, {**header, "partial": partial, **probe_headers(probes, rows)}, rows)
+        print(f"profiler {partial}: wrote what it measured to {path}", flush=True)
         raise
-    header = profile_header(args, replay_args, executor, hardware, name, repeats, warmup)
-    header.update(probe_headers(probes, rows))
-    header["measured_by"] = "testbed.profiling (python run.py mode=profile)"
     path = Path(out_dir) / hardware / f"{name}.csv"
-    write_profile(path, header, pd.DataFrame(rows))
+    header = profile_header(args, replay_args, executor, hardware, name, repeats, warmup)
+    write_profile(path, {**header, **probe_headers(probes, rows)}, rows)
     return path
 
 
 def profile_header(
-    args: EngineArgs, replay_args: EngineArgs, executor, hardware: str, name: str, *counts
+    args: EngineArgs,
+    replay_args: EngineArgs,
+    executor,
+    hardware: str,
+    name: str,
+    repeats: int,
+    warmup: int,
 ) -> dict:
-    """Where, when and how a profile was measured (``counts``: repeats, warm-up)."""
-    repeats, warmup = counts
+    """Where, when and how a profile was measured."""
     device = executor.device
     return {
         "device": torch.cuda.get_device_name(device)
@@ -509,6 +509,7 @@ def profile_header(
         "replay_engine": f"max_num_seqs={replay_args.max_num_seqs}, "
         f"max_num_batched_tokens={replay_args.max_num_batched_tokens}, "
         f"prefix_caching={replay_args.enable_prefix_caching}",
+        "measured_by": "testbed.profiling (python run.py mode=profile)",
     }
 
 
@@ -525,7 +526,8 @@ def probe_headers(probes: list[float], rows: list[dict]) -> dict:
     return out
 
 
-def write_profile(path: Path, header: dict, table: pd.DataFrame) -> None:
+def write_profile(path: Path, header: dict, table: pd.DataFrame | list[dict]) -> None:
+    table = pd.DataFrame(table) if isinstance(table, list) else table
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
         for k, v in header.items():
