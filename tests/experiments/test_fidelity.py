@@ -42,6 +42,11 @@ def test_the_committed_profile_is_the_simulators_default():
     assert model.header["measured_by"].startswith("testbed.profiling")
 
 
+def within(ratio: float, factor: float) -> bool:
+    """``ratio`` (sim / real) within a factor of ``factor`` either way."""
+    return 1 / factor < ratio < factor
+
+
 def test_sim_predicts_the_real_engine_on_a_short_trace(tmp_path):
     profiles = tmp_path / "profiles"
     run_from_config(compose_cfg("mode=profile", *QUICK_PROFILE, *SHORT, f"profiles_dir={profiles}"))
@@ -56,18 +61,20 @@ def test_sim_predicts_the_real_engine_on_a_short_trace(tmp_path):
     assert model.path == profiles / "cpu1" / "dummy-llama.csv"
     err = compare(tmp_path / "sim", tmp_path / "real")
     assert abs(err["err_throughput_req_s"]) < 0.15, (rate, err)
-    # A burst amplifies the machine's drift since profiling (this VM: 10-20% within
-    # an hour) several times in the mean latencies: loose bounds here, tight ones
-    # at the run's own speed below.
-    assert abs(err["err_tpot_s_mean"]) < 0.5, (rate, err)
-    assert abs(err["err_e2e_s_mean"]) < 0.5, (rate, err)
+    # The machine's speed a minute after its quick profile, on a noisy 2-core VM, was
+    # off by up to 20-35% on the run's steps (2026-12-01), and at 70% load that moves
+    # mean TPOT and E2E by up to 1.7 times as much (the run is at another load than
+    # the simulation): within a factor of 2 here, tight bounds at the run's own speed
+    # below.
+    assert within(1 + err["err_tpot_s_mean"], 2.0), (rate, err)
+    assert within(1 + err["err_e2e_s_mean"], 2.0), (rate, err)
     assert err["e2e_corr"] > 0.9, (rate, err)
     # The latency model on the real run's own steps, apart from the schedule: a
-    # profile off by 2x fails here.
+    # profile off by 2x (a profiler that times half a step) fails here.
     steps = step_errors(busy_steps(tmp_path / "real", model))
-    assert abs(steps["step_err_total"]) < 0.35, steps
+    assert within(1 + steps["step_err_total"], 1.5), steps
     assert set(steps) >= {"step_err_median", "step_err_decode_total"}, steps
-    assert abs(steps["step_err_per_request"]) < 0.35, steps
+    assert within(1 + steps["step_err_per_request"], 1.5), steps
     # At the run's own speed: the simulator (schedule, batching, the relative cost
     # of steps) apart from the machine's speed.
     own = scaled_errors(
@@ -83,7 +90,7 @@ def test_sim_predicts_the_real_engine_on_a_short_trace(tmp_path):
     real = json.loads((tmp_path / "real" / "metrics.json").read_text())
     assert real["idle_probe_samples"] >= 1, real  # this short trace leaves a few gaps
     factor = real["idle_probe_s"] / reference
-    assert 1 / 1.5 < factor < 1.5, (factor, real["idle_probe_s"], reference)
+    assert within(factor, 1.5), (factor, real["idle_probe_s"], reference)
 
 
 def test_fidelity_script_end_to_end_then_reanalysed_from_its_real_runs(tmp_path, monkeypatch):
