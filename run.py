@@ -24,13 +24,10 @@ from omegaconf import DictConfig  # noqa: E402
 @hydra.main(config_path="conf", config_name="config", version_base=None)
 def main(cfg: DictConfig) -> float:
     from testbed.runner import run_from_config
-    from testbed.signals import interrupt_on_sigterm
+    from testbed.signals import ended_by_interrupts
 
-    interrupt_on_sigterm()  # a run stopped by timeout or kill writes what it measured
-    try:
+    with ended_by_interrupts():  # a run stopped by timeout or kill writes what it measured
         metrics = run_from_config(cfg)
-    except KeyboardInterrupt:
-        raise SystemExit("interrupted") from None
     # A number for Hydra's sweepers to optimise: the mean end-to-end latency.
     return metrics.get("e2e_s_mean", 0.0)
 

@@ -248,7 +248,7 @@ def idle_probe_metrics(samples: list[tuple[float, float]] | None) -> dict[str, A
 
 def profile_from_config(cfg: DictConfig) -> dict[str, Any]:
     """mode=profile: measure the real engine and write its profile table."""
-    from testbed.profiling.profiler import GRIDS, fit_check, run_profile
+    from testbed.profiling.profiler import GRIDS, report_profile, run_profile
 
     profiles = Path(cfg.profiles_dir)
     profiles = profiles if profiles.is_absolute() else PROJECT_ROOT / profiles
@@ -264,10 +264,7 @@ def profile_from_config(cfg: DictConfig) -> dict[str, Any]:
         model=real_model(cfg),
         replay_requests=cfg.mode.replay_requests,
     )
-    print(f"wrote {path}")
-    fit, line = fit_check(path)
-    print(line)
-    return {"mode": "profile", "profile": str(path), "fit_rel_error": fit}
+    return {"mode": "profile", "profile": str(path), "fit_rel_error": report_profile(path)}
 
 
 def run_from_config(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:

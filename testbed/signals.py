@@ -10,6 +10,8 @@ files. The entry points (``run.py``, ``python -m testbed.profiling``,
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 def interrupt_on_sigterm() -> None:
@@ -20,3 +22,15 @@ def interrupt_on_sigterm() -> None:
         raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
     signal.signal(signal.SIGTERM, handler)
+
+
+@contextmanager
+def ended_by_interrupts() -> Iterator[None]:
+    """Within it, SIGTERM is an interrupt, and an interrupt that reaches its end
+    (after the work has written what it measured) ends the program with the
+    message "interrupted" (exit status 1) instead of a traceback."""
+    interrupt_on_sigterm()
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise SystemExit("interrupted") from None

@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 
 from testbed.engine.llm import EngineArgs
-from testbed.profiling.profiler import GRIDS, fit_check, run_profile
-from testbed.signals import interrupt_on_sigterm
+from testbed.profiling.profiler import GRIDS, report_profile, run_profile
+from testbed.signals import ended_by_interrupts
 
 
 def main() -> None:
@@ -27,9 +27,8 @@ def main() -> None:
     ap.add_argument("--num-kv-blocks", type=int, default=None)
     ap.add_argument("--out", default="profiles")
     args = ap.parse_args()
-    interrupt_on_sigterm()
     engine = EngineArgs(model=args.model, device=args.device, num_kv_blocks=args.num_kv_blocks)
-    try:
+    with ended_by_interrupts():
         path = run_profile(
             engine,
             GRIDS[args.grid],
@@ -39,10 +38,7 @@ def main() -> None:
             args.hardware,
             replay_requests=args.replay_requests,
         )
-    except KeyboardInterrupt:
-        raise SystemExit("interrupted") from None
-    print(f"wrote {path}")
-    print(fit_check(path)[1])
+    report_profile(path)
 
 
 if __name__ == "__main__":

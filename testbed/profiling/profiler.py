@@ -66,6 +66,15 @@ def fit_check(path: str | Path) -> tuple[float, str]:
     return err, fit_line(err)
 
 
+def report_profile(path: str | Path) -> float:
+    """Print where the profile was written and the latency model's fit to it (with
+    the warning over :data:`FIT_WARN`); returns the fit."""
+    fit, line = fit_check(path)
+    print(f"wrote {path}")
+    print(line)
+    return fit
+
+
 PREFILL_BUDGET = 2048  # tokens per step beyond the decodes: the largest prefill point fits
 
 

@@ -18,6 +18,19 @@ import pandas as pd
 from testbed.metrics.steplog import StepLog
 from testbed.report.rundir import _binned
 
+PROJECT = "llm-sched-testbed"
+
+
+def _start(mode: str, directory: Path, **init: Any):
+    """A W&B run writing under ``directory``; None when ``mode`` is ``disabled``."""
+    if mode == "disabled":
+        return None
+    os.environ.setdefault("WANDB_SILENT", "true")
+    import wandb
+
+    directory.mkdir(parents=True, exist_ok=True)
+    return wandb.init(mode=mode, dir=str(directory), reinit="finish_previous", **init)
+
 
 def log_run(
     wandb_cfg: Mapping[str, Any],
@@ -30,25 +43,20 @@ def log_run(
     plots: list[Path],
 ) -> str | None:
     """Log one run; returns the W&B run folder (None when disabled)."""
-    mode = wandb_cfg.get("mode", "offline")
-    if mode == "disabled":
-        return None
-    os.environ.setdefault("WANDB_SILENT", "true")
-    import wandb
-
-    directory = Path(wandb_cfg.get("dir") or run_dir)
-    directory.mkdir(parents=True, exist_ok=True)
-    run = wandb.init(
-        project=wandb_cfg.get("project", "llm-sched-testbed"),
+    run = _start(
+        wandb_cfg.get("mode", "offline"),
+        Path(wandb_cfg.get("dir") or run_dir),
+        project=wandb_cfg.get("project", PROJECT),
         entity=wandb_cfg.get("entity"),
         group=wandb_cfg.get("group"),
         tags=list(wandb_cfg.get("tags") or []),
         name=name,
-        mode=mode,
-        dir=str(directory),
         config=config,
-        reinit="finish_previous",
     )
+    if run is None:
+        return None
+    import wandb
+
     try:
         t = steps.column("start_s")
         series = {
@@ -82,21 +90,11 @@ def log_experiment(
 ) -> None:
     """Log an experiment's result tables (empty ones left out) and images as one
     W&B run of ``group``; nothing when ``mode`` is ``disabled``."""
-    if mode == "disabled":
+    run = _start(mode, directory, project=PROJECT, group=group, config=config, tags=tags or [group])
+    if run is None:
         return
-    os.environ.setdefault("WANDB_SILENT", "true")
     import wandb
 
-    directory.mkdir(parents=True, exist_ok=True)
-    run = wandb.init(
-        project="llm-sched-testbed",
-        group=group,
-        mode=mode,
-        dir=str(directory),
-        config=config,
-        tags=tags or [group],
-        reinit="finish_previous",
-    )
     try:
         logged = {k: wandb.Table(dataframe=t) for k, t in tables.items() if not t.empty}
         logged |= {k: wandb.Image(str(path)) for k, path in (images or {}).items()}
