@@ -7,7 +7,7 @@
 # SECONDS (default 560) all told, each step cut short by its own limit and by
 # what is left:
 #   1. the CUDA tests (kernels against references at real shapes, engine backends agree)
-#   2. the profiler on the Llama-3-8B shape: profiles/h200/llama3-8b.csv, the
+#   2. the profiler (its gpu grid) on the Llama-3-8B shape: profiles/h200/llama3-8b.csv, the
 #      simulator's calibration on this GPU
 #   3. sim-vs-real fidelity with that profile (experiments/fidelity.py: four
 #      policies on Azure conv at 70% of capacity; needs Hydra and simpy, which
@@ -69,22 +69,23 @@ fi
 PROFILE=profiles/$HW/$MODEL.csv
 if [[ $PARTS == *,profile,* ]]; then
   step "profile of $MODEL on $HW" 240 "$PY" -m testbed.profiling --model "$MODEL" \
-    --hardware "$HW" --grid "${GPU_CHECK_GRID:-default}" --repeats 5 --replay-requests 40 \
+    --hardware "$HW" --grid "${GPU_CHECK_GRID:-auto}" --repeats 5 --replay-requests 40 \
     --out profiles && cp "$PROFILE" "$OUT/$HW-$MODEL.csv" ||
     cp "profiles/$HW/$MODEL.partial.csv" "$OUT/$HW-$MODEL.partial.csv"
 fi
 
 if [[ $PARTS == *,fidelity,* ]] && [ -f "$PROFILE" ] && "$PY" -c "import hydra, simpy" 2>/dev/null; then
   FID=$(mktemp -d)
-  # Batches up to the profile grid's largest decode batch (64); a KV cache that
-  # holds 64 requests of the largest length twice over (not most of the card:
-  # the runs share one process); the trace's tenants and priority classes for
-  # vtc and priority.
+  # The engine's default batch limit (256, the largest decode batch of the gpu
+  # grid); a fixed KV cache of 32768 blocks (524k tokens, 69 GB of Llama-3-8B's;
+  # not most of the card: the runs share one process, each freeing the last
+  # one's before it builds its own); the trace's tenants and priority classes
+  # for vtc and priority.
   step "sim-vs-real fidelity" 200 "$PY" experiments/fidelity.py \
     --policies fcfs priority sjf vtc --traces azure_conv \
     --num-requests "${GPU_CHECK_REQUESTS:-200}" \
-    --extra "hardware=$HW" "model=$MODEL" engine.max_num_seqs=64 \
-    engine.num_kv_blocks=16384 trace.num_tenants=4 trace.priority_classes=3 \
+    --extra "hardware=$HW" "model=$MODEL" engine.max_num_seqs=256 \
+    engine.num_kv_blocks=32768 trace.num_tenants=4 trace.priority_classes=3 \
     --runs "$FID/runs" --out "$FID/tables" --wandb disabled
   tar -czf "$OUT/fidelity.tgz" --exclude='capacity-*' -C "$FID" . &&
     echo "packed $(du -h "$OUT/fidelity.tgz" | cut -f1)"

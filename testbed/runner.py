@@ -248,14 +248,14 @@ def idle_probe_metrics(samples: list[tuple[float, float]] | None) -> dict[str, A
 
 def profile_from_config(cfg: DictConfig) -> dict[str, Any]:
     """mode=profile: measure the real engine and write its profile table."""
-    from testbed.profiling.profiler import GRIDS, report_profile, run_profile
+    from testbed.profiling.profiler import report_profile, run_profile
 
     profiles = Path(cfg.profiles_dir)
     profiles = profiles if profiles.is_absolute() else PROJECT_ROOT / profiles
     print(f"profiling {cfg.model.name} on {cfg.hardware.name}: grid {cfg.mode.grid}")
     path = run_profile(
         engine_args(cfg),
-        GRIDS[cfg.mode.grid],
+        cfg.mode.grid,
         cfg.mode.repeats,
         cfg.mode.warmup,
         profiles,

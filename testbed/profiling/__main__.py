@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from testbed.engine.llm import EngineArgs
-from testbed.profiling.profiler import GRIDS, report_profile, run_profile
+from testbed.profiling.profiler import GRID_CHOICES, report_profile, run_profile
 from testbed.signals import ended_by_interrupts
 
 
@@ -19,7 +19,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description="Measure the real engine's step latencies.")
     ap.add_argument("--model", default="dummy-llama", help="a conf/model name or an HF folder")
     ap.add_argument("--hardware", default="cpu", help="the profile's hardware name")
-    ap.add_argument("--grid", default="default", choices=sorted(GRIDS))
+    ap.add_argument(
+        "--grid", default="auto", choices=GRID_CHOICES, help="auto: gpu on a GPU, else default"
+    )
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--replay-requests", type=int, default=80)
@@ -31,7 +33,7 @@ def main() -> None:
     with ended_by_interrupts():
         path = run_profile(
             engine,
-            GRIDS[args.grid],
+            args.grid,
             args.repeats,
             args.warmup,
             args.out,

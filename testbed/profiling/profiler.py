@@ -24,20 +24,42 @@ import pandas as pd
 import torch
 
 from testbed.core import Request, SamplingParams
-from testbed.engine.llm import EngineArgs, build_engine
+from testbed.engine.llm import EngineArgs, build_engine, pick_device
 from testbed.sim.latency import FEATURES, ProfileModel, read_profile_header, step_features
+
+DECODE_BATCHES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 32, 64)
+CONTEXTS = (64, 256, 1024, 2000)
+PREFILLS = (16, 64, 128, 256, 384, 512, 768, 1024, 1536, 2000)
 
 GRIDS = {
     # (decode batch, decode context, prefill tokens) per point. Every small decode
     # batch: a GEMM of a few rows is not smooth in their number (see
     # testbed.sim.latency.DECODE_SIZES).
-    "default": [
-        (b, c, 0) for b in (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 32, 64) for c in (64, 256, 1024, 2000)
-    ]
-    + [(0, 0, p) for p in (16, 64, 128, 256, 384, 512, 768, 1024, 1536, 2000)]
+    "default": [(b, c, 0) for b in DECODE_BATCHES for c in CONTEXTS]
+    + [(0, 0, p) for p in PREFILLS]
     + [(b, 256, p) for b in (4, 16) for p in (64, 256, 1024)],
+    # A GPU's engine batches up to the engine's max_num_seqs (256) and a step of
+    # 8B weights costs about as much for 1 as for 100 decodes, so the grid goes on
+    # to 256 decodes (with at most 256k cached tokens in all: 34 GB of an 8B
+    # model's KV cache; any more and the decoders' untimed prefills dominate the
+    # profiler's time), to contexts of 4096 and to mixes with 64 decodes.
+    "gpu": [(b, c, 0) for b in (*DECODE_BATCHES, 128, 256) for c in CONTEXTS if b * c <= 2**18]
+    + [(b, 4096, 0) for b in (1, 4, 16, 64)]
+    + [(0, 0, p) for p in PREFILLS]
+    + [(b, 256, p) for b in (4, 16, 64) for p in (64, 256, 1024)],
     "quick": [(b, 128, 0) for b in (1, 4, 16)] + [(0, 0, p) for p in (32, 256)] + [(4, 128, 128)],
 }
+GRID_CHOICES = ("auto", *GRIDS)  # auto: gpu on a CUDA device, else default
+
+
+def grid_points(name: str, device: str | None) -> tuple[str, list[tuple[int, int, int]]]:
+    """The grid called ``name`` (``auto``: ``gpu`` where the engine runs on a GPU,
+    ``default`` elsewhere) and its points."""
+    if name == "auto":
+        name = "default" if pick_device(device).type == "cpu" else "gpu"
+    if name not in GRIDS:
+        raise ValueError(f"unknown profile grid {name!r}; known: {', '.join(GRID_CHOICES)}")
+    return name, GRIDS[name]
 
 
 # The latency model's median relative error on the table it was fitted to, over
@@ -144,6 +166,13 @@ def start_decoders(
     return decodes
 
 
+def decoder_output(point: Point, steps: int) -> int:
+    """Output tokens each of a point's decoders is asked for: enough that none
+    finishes before the point's ``steps`` timed and warm-up steps are over, however
+    many steps their own prefills take (they are aborted afterwards)."""
+    return steps + 8 + -(-point.decode_batch * point.context // PREFILL_BUDGET)
+
+
 def measure_point(
     engine, executor, point: Point, repeats: int, warmup: int, vocab: int, seed: int
 ) -> dict:
@@ -151,9 +180,7 @@ def measure_point(
     rng = random.Random(seed)
     sched, clock = engine.scheduler, engine.clock
     steps = warmup + repeats
-    # Long enough outputs that no decoder finishes before the timed steps are over,
-    # however many steps their own prefills take (they are aborted afterwards).
-    out_len = steps + 8 + -(-point.decode_batch * point.context // PREFILL_BUDGET)
+    out_len = decoder_output(point, steps)
     decodes = start_decoders(engine, point, out_len, rng, vocab, "d")
     timed_backend = executor.backend = TimedBackend(executor.backend, executor.device)
     rows = []
@@ -226,6 +253,19 @@ def summarize_point(point: Point, rows: list[dict]) -> dict:
     )
 
 
+# The profiler replay's prompt and output lengths.
+REPLAY_LENGTHS = dict(
+    prompt={"dist": "lognormal", "mean": 768, "cv": 0.8, "min": 16, "max": 1800},
+    output={"dist": "lognormal", "mean": 192, "cv": 1.0, "min": 1, "max": 240},
+)
+
+
+def replay_kv_blocks(num_requests: int, block_size: int) -> int:
+    """KV blocks that hold every request of the profiler's replay at once."""
+    longest = REPLAY_LENGTHS["prompt"]["max"] + REPLAY_LENGTHS["output"]["max"]
+    return num_requests * -(-longest // block_size) + 16
+
+
 def measure_replay(
     engine,
     num_requests: int,
@@ -246,13 +286,7 @@ def measure_replay(
 
     # Longer prompts than the default trace, so that contexts reach the model's
     # length; a different seed and shape from any workload it is evaluated on.
-    trace = synthetic_trace(
-        num_requests=num_requests,
-        rate=2.5,
-        seed=seed,
-        prompt={"dist": "lognormal", "mean": 768, "cv": 0.8, "min": 16, "max": 1800},
-        output={"dist": "lognormal", "mean": 192, "cv": 1.0, "min": 1, "max": 240},
-    )
+    trace = synthetic_trace(num_requests=num_requests, rate=2.5, seed=seed, **REPLAY_LENGTHS)
     requests = to_requests(trace, with_tokens=True, vocab_size=vocab, seed=seed)
     for r in requests:
         r.request_id = f"calibration-{r.request_id}"
@@ -396,24 +430,29 @@ def probe_engine(args: EngineArgs, model=None):
 def fit_args(args: EngineArgs, points: list[Point], repeats: int, warmup: int) -> None:
     """Engine options under which every point runs as measured: no prefix caching,
     a token budget for the largest decode batch plus a prefill, a context long
-    enough for every point and a KV cache that holds any point at once (no
-    preemption while timing)."""
-    batch_tokens = max(p.decode_batch * p.context for p in points)
-    longest = max(p.context + p.prefill_tokens for p in points) + repeats + warmup + 16
-    longest += -(-batch_tokens // PREFILL_BUDGET)  # the decoders' output lengths
-    batch = max(p.decode_batch for p in points) + 1
+    enough for every point and a KV cache that holds any one point at once (no
+    preemption while timing; on a GPU no more of the card than the largest point
+    needs)."""
+    steps = repeats + warmup
+    bs = args.block_size
+
+    def blocks(tokens: int) -> int:
+        return -(-tokens // bs)
+
+    longest = max(max(p.context + decoder_output(p, steps), p.prefill_tokens + 1) for p in points)
+    need = max(p.decode_batch * blocks(p.context + decoder_output(p, steps)) for p in points)
+    need += blocks(max(p.prefill_tokens for p in points) + 1)  # a point's prefill beside them
     args.enable_prefix_caching = False
+    batch = max(p.decode_batch for p in points) + 1
     args.max_num_seqs = max(args.max_num_seqs, batch)
     args.max_num_batched_tokens = batch + PREFILL_BUDGET
-    args.max_model_len = max(args.max_model_len or 0, longest)
-    bs = args.block_size
-    need = max(p.decode_batch * -(-longest // bs) for p in points)
-    args.num_kv_blocks = max(args.num_kv_blocks or 0, need + -(-longest // bs) + 16)
+    args.max_model_len = max(args.max_model_len or 0, longest + 16)
+    args.num_kv_blocks = max(args.num_kv_blocks or 0, need + 16)
 
 
 def run_profile(
     args: EngineArgs,
-    grid: Iterable[tuple[int, int, int]],
+    grid: str | Iterable[tuple[int, int, int]],
     repeats: int = 5,
     warmup: int = 2,
     out_dir: str | Path = "profiles",
@@ -428,7 +467,12 @@ def run_profile(
     Interrupted (Ctrl-C, SIGTERM where :func:`testbed.signals.interrupt_on_sigterm`
     is installed) or failing part-way, it writes what it measured to
     ``<model>.partial.csv`` (its header says how far it got; the simulator never
-    reads it) and re-raises."""
+    reads it) and re-raises. ``grid`` is a name (see :func:`grid_points`) or
+    the points themselves."""
+    if isinstance(grid, str):
+        grid_name, grid = grid_points(grid, args.device)
+    else:
+        grid_name = "given"
     points = [Point(*g) for g in grid]
     # The replay runs the engine as configured (its batch and token limits, prefix
     # caching): the mixes of steps that engine's runs produce.
@@ -457,10 +501,10 @@ def run_profile(
         # A fresh engine, as every run starts with: the grid has reordered the free
         # blocks, and K/V gathered through scattered block tables cost more on a CPU.
         # It shares the grid engine's weights; on a GPU, whose memory the grid
-        # engine's cache already holds part of, it gets a cache of the same size
-        # (any grid point fits in it) instead of what is left of the card.
+        # engine's cache already holds part of, it gets a cache that holds every
+        # replayed request at once instead of what is left of the card.
         if executor.device.type != "cpu" and replay_args.num_kv_blocks is None:
-            replay_args.num_kv_blocks = args.num_kv_blocks
+            replay_args.num_kv_blocks = replay_kv_blocks(replay_requests, args.block_size)
         replay_engine, _, _ = build_engine(replay_args, model=model, weights=executor.model)
         measure_replay(replay_engine, replay_requests, cfg.vocab_size, idle_probe, rows)
         # Then the engine idle, as between a trace's requests: the probe at its cadence.
@@ -475,11 +519,13 @@ def run_profile(
         partial = f"{why} after {done} of {len(points)} grid points and {replayed} replay steps"
         path = Path(out_dir) / hardware / f"{name}.partial.csv"
         header = profile_header(args, replay_args, executor, hardware, name, repeats, warmup)
+        header["grid"] = f"{grid_name} ({len(points)} points)"
         write_profile(path, {**header, "partial": partial, **probe_headers(probes, rows)}, rows)
         print(f"profiler {partial}: wrote what it measured to {path}", flush=True)
         raise
     path = Path(out_dir) / hardware / f"{name}.csv"
     header = profile_header(args, replay_args, executor, hardware, name, repeats, warmup)
+    header["grid"] = f"{grid_name} ({len(points)} points)"
     write_profile(path, {**header, **probe_headers(probes, rows)}, rows)
     return path
 

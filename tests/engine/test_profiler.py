@@ -193,3 +193,42 @@ def test_an_interrupted_profile_writes_what_it_measured_apart(tmp_path, monkeypa
         assert len(points) == len(GRIDS["quick"]) and len(replayed) == 4
     assert (table[table["kind"] != "idle_probe"]["latency_s"] > 0).all()
     assert header["model"] == "dummy-llama" and "speed_probe_s" in header
+
+
+def test_the_auto_grid_is_the_gpu_grid_on_a_gpu_and_the_default_elsewhere():
+    from testbed.profiling.profiler import grid_points
+
+    assert grid_points("auto", "cpu") == ("default", GRIDS["default"])
+    assert grid_points("auto", "cuda")[0] == "gpu"
+    assert grid_points("quick", "cuda") == ("quick", GRIDS["quick"])
+    with pytest.raises(ValueError, match="unknown profile grid 'big'"):
+        grid_points("big", "cpu")
+    gpu = GRIDS["gpu"]
+    # The engine's default batch limit, contexts past 2000, batch mixes of 64;
+    # every point of the default grid, and no point of more than 256k cached tokens.
+    assert max(b for b, _, _ in gpu) == 256 and max(c for _, c, _ in gpu) == 4096
+    assert (64, 256, 1024) in gpu and set(GRIDS["default"]) <= set(gpu)
+    assert max(b * c for b, c, _ in gpu) <= 2**18
+
+
+def test_the_profilers_kv_cache_holds_each_point_not_the_largest_batch_at_the_longest_context():
+    # A grid of many short decoders and a few long ones: the cache holds the
+    # larger of the two (on a GPU, 256 decoders of 1024 tokens and 4 of 4096
+    # need 35 GB of an 8B model's cache, not 137 GB), and every point is measured
+    # as asked, none of its decoders preempted.
+    from testbed.engine.llm import EngineArgs, build_engine
+    from testbed.profiling.profiler import Point, fit_args, measure_point
+
+    grid = [Point(24, 200, 0), Point(2, 1500, 0), Point(0, 0, 1200), Point(4, 200, 600)]
+    args = EngineArgs(model="dummy-llama", device="cpu", block_size=16)
+    fit_args(args, grid, repeats=2, warmup=1)
+    per_point = [-(-(p.context + 40) // 16) * p.decode_batch for p in grid]
+    assert max(per_point) <= args.num_kv_blocks < 1.5 * max(per_point) + 100
+    assert args.num_kv_blocks < 24 * 1500 // 16  # the old bound: largest batch x longest
+    assert args.max_model_len >= 1500 and args.max_num_batched_tokens >= 25 + 1200
+    engine, executor, cfg = build_engine(args)
+    for i, p in enumerate(grid):
+        row = measure_point(engine, executor, p, 2, 1, cfg.vocab_size, i)
+        assert row["num_reqs"] == p.decode_batch + (p.prefill_tokens > 0)
+        assert row["num_tokens"] == p.decode_batch + p.prefill_tokens
+    assert engine.scheduler.num_preemptions == 0

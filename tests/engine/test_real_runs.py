@@ -134,3 +134,33 @@ def test_a_real_run_stopped_by_sigterm_writes_what_it_measured(tmp_path):
     assert 0 < metrics["num_finished"] < 400
     assert len(pd.read_csv(tmp_path / "requests.csv")) == 400  # unfinished ones too
     assert "run directory" in out
+
+
+def test_a_finished_real_run_leaves_no_engine_alive(tmp_path, monkeypatch):
+    """Runs in one process (the fidelity experiment's real runs) must each free
+    their engine: on a GPU its weights and KV cache take most of the card, and the
+    next run's build_engine (which collects garbage and empties torch's cache
+    first) only gets that memory back if nothing still holds the last engine."""
+    import gc
+    import weakref
+
+    from testbed.engine import llm
+
+    built = []
+    real_build = llm.build_engine
+
+    def build(*args, **kwargs):
+        engine, executor, cfg = real_build(*args, **kwargs)
+        built.append((weakref.ref(engine), weakref.ref(executor), weakref.ref(executor.model)))
+        return engine, executor, cfg
+
+    monkeypatch.setattr(llm, "build_engine", build)
+    for name in ("a", "b"):
+        m = run_from_config(
+            compose_cfg("mode=real", "mode.idle_probe=true", *SHORT), tmp_path / name
+        )
+        assert m["num_finished"] == 8
+    gc.collect()
+    assert len(built) >= 2  # each run's engine (and the idle probe's)
+    alive = [i for i, refs in enumerate(built) for r in refs if r() is not None]
+    assert not alive, f"engines still referenced after their runs: {alive}"
