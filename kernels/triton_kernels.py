@@ -158,7 +158,12 @@ def reshape_and_cache(
 # --------------------------------------------------------------------------- decode
 
 
-@triton.jit
+# Integer arguments that vary from step to step are not specialized on (Triton
+# would otherwise compile a variant for a value of 1 and for multiples of 16): a
+# real run meets each variant first in the middle of a step, where compiling takes
+# seconds. With these, the kernels compile a handful of variants per model, all
+# of them in warm_up (see there).
+@triton.jit(do_not_specialize=["stride_bt", "num_splits"])
 def _decode_kernel(
     out_ptr,
     part_acc_ptr,  # [num_seqs, num_heads, num_splits, head_dim] fp32, unnormalized
@@ -183,12 +188,13 @@ def _decode_kernel(
     num_heads,
     head_dim,
     tokens_per_split,
+    num_splits,
     QUERIES_PER_KV: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
+    SPLIT: tl.constexpr,  # num_splits > 1: write partial results for the reduce kernel
     DOT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
@@ -254,7 +260,7 @@ def _decode_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
-    if NUM_SPLITS == 1:
+    if not SPLIT:
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # a context of 0 gives zeros
         tl.store(
             out_ptr + seq * stride_os + head[:, None] * stride_oh + d[None, :],
@@ -262,7 +268,7 @@ def _decode_kernel(
             mask=row_mask[:, None] & d_mask[None, :],
         )
     else:
-        part = (seq * num_heads + head).to(tl.int64) * NUM_SPLITS + split
+        part = (seq * num_heads + head).to(tl.int64) * num_splits + split
         tl.store(
             part_acc_ptr + part[:, None] * head_dim + d[None, :],
             acc,
@@ -272,7 +278,7 @@ def _decode_kernel(
         tl.store(part_ml_ptr + part * 2 + 1, l_i, mask=row_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _decode_reduce_kernel(
     out_ptr,
     part_acc_ptr,
@@ -283,8 +289,8 @@ def _decode_reduce_kernel(
     num_heads,
     head_dim,
     tokens_per_split,
-    NUM_SPLITS: tl.constexpr,
-    BLOCK_S: tl.constexpr,
+    num_splits,
+    BLOCK_S: tl.constexpr,  # a power of two >= num_splits
     BLOCK_D: tl.constexpr,
 ):
     seq = tl.program_id(0)
@@ -294,7 +300,7 @@ def _decode_reduce_kernel(
     sp = tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
     s_mask = sp < num_valid
-    part = (seq * num_heads + head).to(tl.int64) * NUM_SPLITS + sp
+    part = (seq * num_heads + head).to(tl.int64) * num_splits + sp
     m_i = tl.load(part_ml_ptr + part * 2, mask=s_mask, other=float("-inf"))
     l_i = tl.load(part_ml_ptr + part * 2 + 1, mask=s_mask, other=0.0)
     m_max = tl.where(num_valid > 0, tl.max(m_i, 0), 0.0)  # no -inf - -inf at a context of 0
@@ -429,12 +435,13 @@ def _decode(
         num_heads,
         head_dim,
         tokens_per_split,
+        num_splits,
         QUERIES_PER_KV=queries_per_kv,
         BLOCK_SIZE=key_cache.shape[1],
         BLOCK_G=max(16, triton.next_power_of_2(queries_per_kv)),
         BLOCK_N=block_n,
         BLOCK_D=block_d,
-        NUM_SPLITS=num_splits,
+        SPLIT=num_splits > 1,
         DOT_PRECISION=_dot_precision(query.dtype),
         UPCAST=_upcast(query.dtype),
         num_warps=4,
@@ -450,7 +457,7 @@ def _decode(
             num_heads,
             head_dim,
             tokens_per_split,
-            NUM_SPLITS=num_splits,
+            num_splits,
             BLOCK_S=triton.next_power_of_2(num_splits),
             BLOCK_D=block_d,
             num_warps=4,
@@ -487,7 +494,7 @@ def _find_seq(query_start_loc_ptr, q_tile, num_seqs, BLOCK_Q: tl.constexpr):
     return lo - 1
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_bt", "num_seqs"])
 def _prefill_kernel(
     out_ptr,
     query_ptr,
@@ -696,3 +703,54 @@ def _prefill(
         num_warps=num_warps,
     )
     return out
+
+
+# --------------------------------------------------------------------------- warm-up
+
+
+def warm_up(key_cache: torch.Tensor, value_cache: torch.Tensor, num_heads: int) -> int:
+    """Launch every variant of the kernels that a model with ``num_heads`` query heads
+    over this KV cache can launch, on problems of one token, so that Triton compiles
+    them (or loads them from its on-disk cache) now, not in the middle of a run's first
+    steps, where each compile stalls the engine for a second or more.
+
+    The variants: the cache write; decode unsplit and split, with the reduce kernel at
+    each power-of-two width of the split; prefill with its tiles for prompt chunks and
+    for batches of single tokens. Every other argument that changes from step to step
+    is a runtime value that Triton does not specialize on (``do_not_specialize``), so a
+    step of any batch or context reuses one of these (tests/kernels/test_compile.py).
+    Nothing is written to the cache (the token's slot is -1) and it is only read at
+    block 0. Returns the number of launches."""
+    device, dtype = key_cache.device, key_cache.dtype
+    num_kv_heads, head_dim = key_cache.shape[2], key_cache.shape[3]
+    launches = 0
+
+    def tokens(n: int, heads: int) -> torch.Tensor:
+        return torch.zeros(n, heads, head_dim, dtype=dtype, device=device)
+
+    def ints(*values: int) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int32, device=device)
+
+    kv = tokens(1, num_kv_heads)
+    no_slot = torch.full((1,), -1, dtype=torch.int64, device=device)
+    reshape_and_cache(kv, kv, key_cache, value_cache, no_slot)
+    block_n = _decode_block_n(head_dim, dtype)
+    # Unsplit, then the fewest splits for each reduce width (2, 3, 5, 9, ... splits
+    # for widths 2, 4, 8, 16, ... up to that of the most splits).
+    widths = [2]
+    while widths[-1] < triton.next_power_of_2(_MAX_SPLITS):
+        widths.append(2 * widths[-1])
+    for splits in [1] + [w // 2 + 1 for w in widths]:
+        query = tokens(1, num_heads)
+        _decode(query, key_cache, value_cache, ints(0).view(1, 1), ints(1), 1.0,
+                num_splits=splits, tokens_per_split=block_n, block_n=block_n)  # fmt: skip
+        launches += 1 if splits == 1 else 2
+    # A chunk of two prompt tokens; two sequences of one token each.
+    cache = (key_cache, value_cache)
+    paged_attention_prefill(
+        tokens(2, num_heads), *cache, ints(0).view(1, 1), ints(0, 2), ints(2), 1.0
+    )
+    paged_attention_prefill(
+        tokens(2, num_heads), *cache, ints(0, 0).view(2, 1), ints(0, 1, 2), ints(1, 1), 1.0
+    )
+    return launches + 3

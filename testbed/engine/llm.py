@@ -205,6 +205,8 @@ def build_engine(
         device,
         args.seed,
     )
+    if device.type == "cuda":
+        executor.warm_up()  # no kernel compiles inside a run's first steps
     engine = EngineCore(scheduler, executor, clock or WallClock(), token_validator(cfg.vocab_size))
     return engine, executor, cfg
 

@@ -186,6 +186,19 @@ def test_select_backend_in_the_interpreter():
     assert kernels.select_backend("torch", "cpu") is reference
 
 
+def test_warm_up_runs_every_variant_and_leaves_the_cache_as_it_was():
+    # The engine warms the kernels up on its own cache before a run: nothing of it
+    # may change (the one token written goes to slot -1, which is skipped).
+    g = torch.Generator().manual_seed(7)
+    for dtype, heads, kv_heads, head_dim in ((torch.bfloat16, 8, 2, 32), (torch.float32, 4, 4, 16)):
+        shape = (3, 16, kv_heads, head_dim)
+        caches = [torch.randn(shape, generator=g).to(dtype) for _ in range(2)]
+        before = [c.clone() for c in caches]
+        assert tk.warm_up(*caches, heads) == 1 + 1 + 2 * 6 + 2  # write, decodes, prefills
+        for c, b in zip(caches, before, strict=True):
+            assert torch.equal(c, b)
+
+
 # --------------------------------------------------------------------------- slow: wider grid
 
 

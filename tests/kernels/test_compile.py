@@ -151,3 +151,63 @@ def test_compiles_for_sm90_without_spills(case, monkeypatch):
         kernel = compile_for_sm90(fn, args, kwargs)
         stack = stack_bytes(kernel)
         assert stack in (0, None), f"{fn.__name__} spills {stack} bytes of registers"
+
+
+def variant(fn, args, kwargs) -> str:
+    """What Triton compiles a launch for (its cache key, less the device and source):
+    the kernel, its arguments' specialization and constants, and the options."""
+    try:
+        binder = create_function_from_signature(fn.signature, fn.params, BACKEND)
+        _, specialization, options = binder(*args, **kwargs)
+    except Exception as exc:
+        pytest.skip(f"this triton's launch internals differ: {exc!r}")
+    return f"{fn.__name__} {specialization} {sorted(options.items())}"
+
+
+MODELS = {  # dtype, query heads, KV heads, head dim
+    "llama3-8b": (BF16, 32, 8, 128),
+    "qwen3-0.6b": (BF16, 16, 8, 128),
+    "gemma-like d256": (BF16, 16, 8, 256),
+    "fp16 d80 gqa7": (FP16, 14, 2, 80),
+    "fp32 d64": (FP32, 8, 8, 64),
+}
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_warm_up_compiles_every_variant_a_run_launches(model, monkeypatch):
+    # A run's steps launch the kernels at every batch size, context and block-table
+    # width; any launch that Triton would compile for anew stalls that step for a
+    # second or more on a GPU. Every such launch must reuse one of the few variants
+    # that warm_up compiles before the run.
+    dtype, heads, kv_heads, head_dim = MODELS[model]
+    launches: list = []
+    for name in KERNELS:
+        monkeypatch.setattr(tk, name, Captured(getattr(tk, name), launches))
+    monkeypatch.setattr(tk, "_num_sms", lambda device: 132)  # an H200
+    kc, vc = caches(kv_heads, head_dim, dtype)
+    tk.warm_up(kc, vc, heads)
+    warmed = {variant(*launch) for launch in launches}
+    assert len(warmed) <= 11  # write, decode unsplit and split, 6 reduce widths, 2 prefills
+    launches.clear()
+    for tokens in (1, 2, 16, 17, 2048):
+        key = torch.zeros(tokens, kv_heads, head_dim, dtype=dtype)
+        tk.reshape_and_cache(key, key, kc, vc, torch.zeros(tokens).long())
+    for batch in (1, 2, 3, 8, 16, 17, 64, 100, 256):
+        query = torch.zeros(batch, heads, head_dim, dtype=dtype)
+        lens = torch.ones(batch, dtype=torch.int32)
+        for context in (1, 16, 17, 129, 1000, 2048, 4097, 8192, 32768):
+            for width in {1, 16, 17, -(-context // 16)}:
+                tables = torch.zeros(batch, width, dtype=torch.int32)
+                tk.paged_attention_decode(query, kc, vc, tables, lens, 0.1, max_context_len=context)
+    for num_seqs in (1, 2, 16, 17, 64):
+        for first in (1, 2, 16, 100):  # one sequence's chunk, the others decode
+            q_lens = [first] + [1] * (num_seqs - 1)
+            starts = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+            query = torch.zeros(sum(q_lens), heads, head_dim, dtype=dtype)
+            lens = torch.tensor(q_lens, dtype=torch.int32) + 5
+            for width in (1, 16, 17):
+                tables = torch.zeros(num_seqs, width, dtype=torch.int32)
+                tk.paged_attention_prefill(query, kc, vc, tables, starts, lens, 0.1)
+    ran = {variant(*launch) for launch in launches}
+    assert ran - warmed == set()
+    assert len(ran) >= 9  # the sweep reached the split decodes and both prefill tilings

@@ -34,7 +34,9 @@ def run_cases(keyword: str, marker: str) -> None:
         pytest.fail(f"{' '.join(cmd)}\n{proc.stdout[-8000:]}\n{proc.stderr[-4000:]}", pytrace=False)
 
 
-@pytest.mark.parametrize("kernel", ["reshape_and_cache", "decode", "prefill", "select_backend"])
+@pytest.mark.parametrize(
+    "kernel", ["reshape_and_cache", "decode", "prefill", "select_backend", "warm_up"]
+)
 def test_triton_kernel_in_interpreter(kernel):
     run_cases(f"test_{kernel}", "not slow")
 
