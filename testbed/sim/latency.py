@@ -175,6 +175,11 @@ def nnls(a: np.ndarray, b: np.ndarray, iters: int = 500) -> np.ndarray:
 
 
 KNOTS = (2, 8, 32)  # batch sizes where a CPU or GPU GEMM changes regime
+# Tokens computed past which a GPU's linear layers turn from reading their weights
+# (the same time for 1 token as for 100) to compute-bound (a time per token): the
+# roofline's knee, at about 150-300 tokens for 16-bit weights on an A100-H200. A
+# CPU's GEMMs are compute-bound from the first token, and its fit leaves these at 0.
+TOKEN_KNOTS = (128, 512)
 KV_KNOTS = (8192, 32768)  # KV tokens read past which attention outgrows the caches
 PAIR_KNOTS = (2**17, 2**19)  # attention pairs (a 512- and a 1,024-token prefill) likewise
 GROUP_WEIGHTS = {"replay": 4.0, "point": 1.0}  # profile rows: realistic steps vs grid
@@ -198,18 +203,23 @@ def decode_size(num_reqs: np.ndarray, num_tokens: np.ndarray) -> np.ndarray:
 def profile_basis(num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv) -> list:
     """The fitted model's terms: a constant; the batch size, also through concave
     ramps ``min(num_reqs, k)`` (a matrix product costs nearly the same for 1 and
-    2 rows, then grows with rows); tokens; attention pairs and KV tokens read,
-    both also through convex hinges ``max(x - k, 0)`` (work that outgrows the
-    caches costs more per unit); and the longest context (kernels that loop over
-    its chunks or pad to it). Small decode-only batches also get a term per size
-    (:func:`decode_size`), which :class:`ProfileModel` fits with these and adds
-    by lookup."""
+    2 rows, then grows with rows); tokens, also through convex hinges (a GPU's
+    weight-bound steps turning compute-bound, :data:`TOKEN_KNOTS`); attention
+    pairs and KV tokens read, both also through convex hinges ``max(x - k, 0)``
+    (work that outgrows the caches costs more per unit); and the longest context
+    (kernels that loop over its chunks or pad to it). Small decode-only batches
+    also get a term per size (:func:`decode_size`), which :class:`ProfileModel`
+    fits with these and adds by lookup."""
     if isinstance(num_reqs, np.ndarray):
         ramps = [np.minimum(num_reqs, k) for k in KNOTS]
     else:
         ramps = [min(num_reqs, k) for k in KNOTS]
     hinge = np.maximum if isinstance(kv_tokens, np.ndarray) else max
     kv_hinges = [hinge(kv_tokens - k, 0) for k in KV_KNOTS]
+    token_hinges = [
+        (np.maximum if isinstance(num_tokens, np.ndarray) else max)(num_tokens - k, 0)
+        for k in TOKEN_KNOTS
+    ]
     pair_hinges = [
         (np.maximum if isinstance(attn_pairs, np.ndarray) else max)(attn_pairs - k, 0)
         for k in PAIR_KNOTS
@@ -219,6 +229,7 @@ def profile_basis(num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv) -> list:
         num_reqs,
         *ramps,
         num_tokens,
+        *token_hinges,
         attn_pairs,
         *pair_hinges,
         kv_tokens,

@@ -156,3 +156,30 @@ def test_profile_model_follows_small_decode_batches_that_cost_more_than_larger_o
     few += [line for line in lines if line.startswith("step,3,3,")][:2]
     (tmp_path / "few.csv").write_text("\n".join(few) + "\n")
     assert ProfileModel(tmp_path / "few.csv")._decode_extra[3] == 0.0
+
+
+def test_profile_model_fits_a_gpus_weight_bound_then_compute_bound_steps(tmp_path):
+    # On a GPU a step's linear layers cost the same for 1 and 100 tokens (weight
+    # reads), then a time per token (compute): a knee that a line in tokens cannot
+    # follow. Steps shaped so (the H200 roofline for Llama-3-8B as the truth, on
+    # the profiler's gpu grid and replay-like mixes) are fitted to within a few
+    # percent, decodes of 1-256 requests and 2048-token chunks alike.
+    from testbed.profiling.profiler import GRIDS
+
+    truth = latency_model("llama3-8b", "h200")
+    rng = np.random.default_rng(0)
+    shapes = list(GRIDS["gpu"])
+    for _ in range(300):
+        d, c = int(rng.integers(1, 257)), int(rng.integers(100, 3000))
+        shapes.append((d, c, int(rng.choice([0, 0, int(rng.integers(16, 2048 - d))]))))
+    rows = []
+    for d, c, p in shapes:
+        reqs, tokens = d + (p > 0), d + p
+        pairs, kv = d * (c + 1) + p * (p + 1) / 2, d * (c + 1) + p
+        rows.append((reqs, tokens, pairs, kv, truth.predict(reqs, tokens, pairs, kv, max(c, p))))
+    path = tmp_path / "gpu.csv"
+    write_profile(path, rows)
+    model = ProfileModel(path)
+    # The table has no max_kv column: the model takes it as kv_tokens / num_reqs.
+    err = np.array([abs(model.predict(*r[:4], np.ceil(r[3] / r[0])) / r[4] - 1) for r in rows])
+    assert np.median(err) < 0.01 and np.quantile(err, 0.9) < 0.03 and err.max() < 0.15
