@@ -35,7 +35,7 @@ def run_cases(keyword: str, marker: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "kernel", ["reshape_and_cache", "decode", "prefill", "select_backend", "warm_up"]
+    "kernel", ["reshape_and_cache", "decode", "prefill", "select_backend", "warm_up", "engine"]
 )
 def test_triton_kernel_in_interpreter(kernel):
     run_cases(f"test_{kernel}", "not slow")
