@@ -7,7 +7,8 @@
 # SECONDS (default 560) all told, each step cut short by its own limit and by
 # what is left:
 #   1. the CUDA tests (kernels against references at real shapes, engine backends agree)
-#   2. the profiler (its gpu grid) on the Llama-3-8B shape: profiles/h200/llama3-8b.csv, the
+#   2. the profiler (its gpu grid, no point started after 120 s of it, so that
+#      the replay and the table still fit) on the Llama-3-8B shape: profiles/h200/llama3-8b.csv, the
 #      simulator's calibration on this GPU
 #   3. sim-vs-real fidelity with that profile (experiments/fidelity.py: four
 #      policies on Azure conv at 70% of capacity; needs Hydra and simpy, which
@@ -70,7 +71,7 @@ PROFILE=profiles/$HW/$MODEL.csv
 if [[ $PARTS == *,profile,* ]]; then
   step "profile of $MODEL on $HW" 240 "$PY" -m testbed.profiling --model "$MODEL" \
     --hardware "$HW" --grid "${GPU_CHECK_GRID:-auto}" --repeats 5 --replay-requests 40 \
-    --out profiles && cp "$PROFILE" "$OUT/$HW-$MODEL.csv" ||
+    --max-grid-seconds 120 --out profiles && cp "$PROFILE" "$OUT/$HW-$MODEL.csv" ||
     cp "profiles/$HW/$MODEL.partial.csv" "$OUT/$HW-$MODEL.partial.csv"
 fi
 

@@ -263,6 +263,7 @@ def profile_from_config(cfg: DictConfig) -> dict[str, Any]:
         cfg.model.name,
         model=real_model(cfg),
         replay_requests=cfg.mode.replay_requests,
+        max_grid_s=cfg.mode.get("max_grid_s"),
     )
     return {"mode": "profile", "profile": str(path), "fit_rel_error": report_profile(path)}
 

@@ -28,6 +28,13 @@ def main() -> None:
     ap.add_argument("--device", default=None)
     ap.add_argument("--num-kv-blocks", type=int, default=None)
     ap.add_argument("--out", default="profiles")
+    ap.add_argument(
+        "--max-grid-seconds",
+        type=float,
+        default=None,
+        help="start no grid point after this many seconds of the grid (the rest are "
+        "skipped and named in the header; the replay still runs)",
+    )
     args = ap.parse_args()
     engine = EngineArgs(model=args.model, device=args.device, num_kv_blocks=args.num_kv_blocks)
     with ended_by_interrupts():
@@ -39,6 +46,7 @@ def main() -> None:
             args.out,
             args.hardware,
             replay_requests=args.replay_requests,
+            max_grid_s=args.max_grid_seconds,
         )
     report_profile(path)
 

@@ -31,22 +31,30 @@ DECODE_BATCHES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 32, 64)
 CONTEXTS = (64, 256, 1024, 2000)
 PREFILLS = (16, 64, 128, 256, 384, 512, 768, 1024, 1536, 2000)
 
-GRIDS = {
-    # (decode batch, decode context, prefill tokens) per point. Every small decode
-    # batch: a GEMM of a few rows is not smooth in their number (see
-    # testbed.sim.latency.DECODE_SIZES).
-    "default": [(b, c, 0) for b in DECODE_BATCHES for c in CONTEXTS]
+# (decode batch, decode context, prefill tokens) per point. Every small decode
+# batch: a GEMM of a few rows is not smooth in their number (see
+# testbed.sim.latency.DECODE_SIZES).
+DEFAULT_GRID = (
+    [(b, c, 0) for b in DECODE_BATCHES for c in CONTEXTS]
     + [(0, 0, p) for p in PREFILLS]
-    + [(b, 256, p) for b in (4, 16) for p in (64, 256, 1024)],
-    # A GPU's engine batches up to the engine's max_num_seqs (256) and a step of
-    # 8B weights costs about as much for 1 as for 100 decodes, so the grid goes on
-    # to 256 decodes (with at most 256k cached tokens in all: 34 GB of an 8B
-    # model's KV cache; any more and the decoders' untimed prefills dominate the
-    # profiler's time), to contexts of 4096 and to mixes with 64 decodes.
-    "gpu": [(b, c, 0) for b in (*DECODE_BATCHES, 128, 256) for c in CONTEXTS if b * c <= 2**18]
+    + [(b, 256, p) for b in (4, 16) for p in (64, 256, 1024)]
+)
+# A GPU's engine batches up to the engine's max_num_seqs (256) and a step of 8B
+# weights costs about as much for 1 as for 100 decodes, so the grid goes on from
+# the default one to 256 decodes (with at most 256k cached tokens in all: 34 GB of
+# an 8B model's KV cache; any more and the decoders' untimed prefills dominate the
+# profiler's time), to contexts of 4096 and to mixes with 64 decodes. The default
+# grid's points come first, so that a profile cut short by its time limit
+# (``max_grid_s``) has those.
+GPU_GRID = (
+    DEFAULT_GRID
+    + [(b, c, 0) for b in (128, 256) for c in CONTEXTS if b * c <= 2**18]
     + [(b, 4096, 0) for b in (1, 4, 16, 64)]
-    + [(0, 0, p) for p in PREFILLS]
-    + [(b, 256, p) for b in (4, 16, 64) for p in (64, 256, 1024)],
+    + [(64, 256, p) for p in (64, 256, 1024)]
+)
+GRIDS = {
+    "default": DEFAULT_GRID,
+    "gpu": GPU_GRID,
     "quick": [(b, 128, 0) for b in (1, 4, 16)] + [(0, 0, p) for p in (32, 256)] + [(4, 128, 128)],
 }
 GRID_CHOICES = ("auto", *GRIDS)  # auto: gpu on a CUDA device, else default
@@ -460,6 +468,7 @@ def run_profile(
     model_name: str | None = None,
     model=None,
     replay_requests: int = 80,
+    max_grid_s: float | None = None,
 ) -> Path:
     """Measure every grid point, then every step of a short synthetic replay, and
     write ``<out_dir>/<hardware>/<model>.csv``.
@@ -468,7 +477,11 @@ def run_profile(
     is installed) or failing part-way, it writes what it measured to
     ``<model>.partial.csv`` (its header says how far it got; the simulator never
     reads it) and re-raises. ``grid`` is a name (see :func:`grid_points`) or
-    the points themselves."""
+    the points themselves. With ``max_grid_s``, no grid point is started after
+    that many seconds of the grid (the first always is): the rest are skipped,
+    the replay still runs and the profile is written, its header naming the
+    points skipped (for a machine lent for minutes, whose speed is not known
+    beforehand)."""
     if isinstance(grid, str):
         grid_name, grid = grid_points(grid, args.device)
     else:
@@ -486,7 +499,10 @@ def run_profile(
     done = 0  # grid points measured
     try:
         idle_probe = IdleProbe(args, executor)
+        grid_start = time.perf_counter()
         for point in points:
+            if done and max_grid_s is not None and time.perf_counter() - grid_start > max_grid_s:
+                break
             r = measure_point(engine, executor, point, repeats, warmup, cfg.vocab_size, done)
             rows.append(r)
             rows += idle_probe_rows([idle_probe.after_pause()], "between_points")
@@ -497,6 +513,16 @@ def run_profile(
                 f"{r['latency_s'] * 1e3:8.2f} ms",
                 flush=True,
             )
+        grid_note = f"{grid_name} ({len(points)} points)"
+        if done < len(points):
+            skipped = ", ".join(
+                f"{p.decode_batch}x{p.context}+{p.prefill_tokens}" for p in points[done:]
+            )
+            grid_note = (
+                f"{grid_name} ({done} of {len(points)} points; skipped at the {max_grid_s:g} s "
+                f"limit, as decodes x context + prefill: {skipped})"
+            )
+            print(f"  grid stopped at its {max_grid_s:g} s limit: {grid_note}", flush=True)
         print(f"  replaying {replay_requests} synthetic requests for realistic step mixes ...")
         # A fresh engine, as every run starts with: the grid has reordered the free
         # blocks, and K/V gathered through scattered block tables cost more on a CPU.
@@ -525,7 +551,7 @@ def run_profile(
         raise
     path = Path(out_dir) / hardware / f"{name}.csv"
     header = profile_header(args, replay_args, executor, hardware, name, repeats, warmup)
-    header["grid"] = f"{grid_name} ({len(points)} points)"
+    header["grid"] = grid_note
     write_profile(path, {**header, **probe_headers(probes, rows)}, rows)
     return path
 

@@ -232,3 +232,27 @@ def test_the_profilers_kv_cache_holds_each_point_not_the_largest_batch_at_the_lo
         assert row["num_reqs"] == p.decode_batch + (p.prefill_tokens > 0)
         assert row["num_tokens"] == p.decode_batch + p.prefill_tokens
     assert engine.scheduler.num_preemptions == 0
+
+
+def test_a_profile_past_its_grid_time_limit_skips_the_rest_names_them_and_still_replays(tmp_path):
+    from testbed.engine.llm import EngineArgs
+    from testbed.profiling.profiler import run_profile
+
+    path = run_profile(
+        EngineArgs(model="dummy-llama", device="cpu"),
+        "quick",
+        repeats=2,
+        warmup=1,
+        out_dir=tmp_path,
+        hardware="cpu",
+        replay_requests=6,
+        max_grid_s=1e-9,  # past it once the first point is measured
+    )
+    assert path == tmp_path / "cpu" / "dummy-llama.csv"  # a profile, not a partial one
+    header = read_profile_header(path)
+    n = len(GRIDS["quick"])
+    assert header["grid"].startswith(f"quick (1 of {n} points; skipped at the 1e-09 s limit")
+    assert header["grid"].endswith("4x128+0, 16x128+0, 0x0+32, 0x0+256, 4x128+128)")
+    table = pd.read_csv(path, comment="#")
+    assert (table["grid"] == "point").sum() == 1 and (table["grid"] == "replay").sum() > 6
+    assert ProfileModel(path).fit_rel_error < 0.5  # the replay's steps still fit
