@@ -142,6 +142,26 @@ def read_metrics(run_dir: Path) -> dict:
     return json.loads((run_dir / "metrics.json").read_text())
 
 
+def simulated_with(run_dir: Path) -> str | None:
+    """The latency model a simulation ran with (its ``latency_model_source``)."""
+    return read_metrics(run_dir).get("latency_model_source")
+
+
+def reuse_warning(reused_sim: Path, sim: Path) -> str | None:
+    """Where the reused invocation simulated a pair with another latency model (a
+    profile measured again, or passes added) than this one: a warning that names
+    both, since the tables will differ from that invocation's; else None."""
+    if not (reused_sim / "metrics.json").exists():
+        return None
+    was, now = simulated_with(reused_sim), simulated_with(sim)
+    if was == now:
+        return None
+    return (
+        f"WARNING --reuse: {reused_sim} was simulated with {was}; this simulation "
+        f"with {now}: the tables differ from that invocation's for the model, not the runs"
+    )
+
+
 def kept_up(run_dir: Path, rate: float) -> bool:
     """Whether a run's throughput kept up (>= 95%) with its arrivals. A short
     synthetic trace's arrivals come at their own rate, not the nominal one, so
@@ -969,6 +989,7 @@ def main() -> None:
     rows, pairs = [], []
     by_trace: dict[str, dict[str, PairRuns]] = {}
     by_size: dict[str, list[pd.DataFrame]] = {}  # trace: its real runs' busy_steps
+    sources: set[str | None] = set()  # the latency models the pairs were simulated with
     for trace, (cap, rate, _) in plans.items():
         here = runs / trace
         for policy in args.policies:
@@ -983,6 +1004,10 @@ def main() -> None:
             if len(measured) > 1:
                 real = average_runs(measured, here / f"{policy}-real-mean")
             sim = simulate(both, here / f"{policy}-sim")
+            sources.add(simulated_with(sim))
+            warning = reuse and reuse_warning(reuse / trace / f"{policy}-sim", sim)
+            if warning:
+                print(warning, flush=True)
             pair_runs = by_trace.setdefault(trace, {})[policy] = PairRuns(sim, measured)
             predicted = [predicted_of[r] for r in measured]
             by_size.setdefault(trace, []).extend(predicted)
@@ -1130,6 +1155,7 @@ def main() -> None:
         repeats=args.repeats,
         profile_passes=len(pass_dirs),
         profile_fit_rel_error=profile_fit,
+        simulated_with=sorted(map(str, sources)),
         interrupted=interrupted,
     )
     summary = dict(

@@ -22,6 +22,7 @@ profile table measured on the hardware by the project's profiler.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -287,9 +288,12 @@ class ProfileModel:
             self._decode_extra[k] = float(c)
         pred = x @ self.coef
         self.fit_rel_error = float(np.median(np.abs(pred - y) / y))
+        # The table's own digest: two profiles with the same header (a pass measured
+        # again, a table edited) are told apart in every run directory.
+        digest = hashlib.sha1(self.path.read_bytes()).hexdigest()[:10]
         self.source = (
             f"profile {self.path.name} ({self.header.get('device', '?')}, "
-            f"{self.header.get('date', '?')})"
+            f"{self.header.get('date', '?')}; sha1 {digest})"
         )
 
     def _smooth(self, num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv):

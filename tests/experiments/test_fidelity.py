@@ -93,7 +93,9 @@ def test_sim_predicts_the_real_engine_on_a_short_trace(tmp_path):
     assert within(factor, 1.5), (factor, real["idle_probe_s"], reference)
 
 
-def test_fidelity_script_end_to_end_then_reanalysed_from_its_real_runs(tmp_path, monkeypatch):
+def test_fidelity_script_end_to_end_then_reanalysed_from_its_real_runs(
+    tmp_path, monkeypatch, capsys
+):
     from experiments import fidelity
 
     def main(runs: str, *args: str) -> pd.DataFrame:
@@ -134,7 +136,10 @@ def test_fidelity_script_end_to_end_then_reanalysed_from_its_real_runs(tmp_path,
     meta = json.loads((tmp_path / "out" / "fidelity.json").read_text())["meta"]
     committed = latency_model(compose_cfg("mode=sim"))
     assert meta["profile_fit_rel_error"] == pytest.approx(committed.fit_rel_error)
+    assert meta["simulated_with"] == [committed.source]
+    capsys.readouterr()
     again = main("runs2", "--repeats", "2", "--reuse", str(runs))
+    assert "WARNING --reuse" not in capsys.readouterr().out  # the same profile
     # Nothing real ran again; the same real runs give the same comparison.
     (runs2,) = (tmp_path / "runs2").iterdir()
     assert not [p for p in runs2.glob("*/*-real*") if not p.name.endswith("-mean")]
@@ -176,6 +181,16 @@ def test_fidelity_script_end_to_end_then_reanalysed_from_its_real_runs(tmp_path,
         path = runs / "profile-passes" / str(k) / "cpu" / "dummy-llama.csv"
         slower = table.assign(latency_s=table["latency_s"] * speed)
         write_profile(path, read_profile_header(committed), slower)
+    # Re-simulated with another profile of the same header (measured again, or
+    # edited): said so, since the tables then differ for the model, not the runs.
+    other = tmp_path / "other-profiles" / "cpu" / "dummy-llama.csv"
+    write_profile(
+        other, read_profile_header(committed), table.assign(latency_s=table["latency_s"] * 1.3)
+    )
+    capsys.readouterr()
+    main("runs6", "--reuse", str(runs), "--extra", f"profiles_dir={other.parents[1]}")
+    warned = capsys.readouterr().out
+    assert f"WARNING --reuse: {runs / 'synthetic' / 'fcfs-sim'} was simulated with" in warned
     passes = main("runs4", "--reuse", str(runs)).iloc[0]
     (runs4,) = (tmp_path / "runs4").iterdir()
     sims = [runs4 / "synthetic" / f"fcfs-sim-pass{k}" / "metrics.json" for k in (1, 2)]
