@@ -708,7 +708,7 @@ def _prefill(
 # --------------------------------------------------------------------------- warm-up
 
 
-def warm_up(key_cache: torch.Tensor, value_cache: torch.Tensor, num_heads: int) -> int:
+def warm_up(key_cache: torch.Tensor, value_cache: torch.Tensor, num_heads: int) -> None:
     """Launch every variant of the kernels that a model with ``num_heads`` query heads
     over this KV cache can launch, on problems of one token, so that Triton compiles
     them (or loads them from its on-disk cache) now, not in the middle of a run's first
@@ -720,10 +720,9 @@ def warm_up(key_cache: torch.Tensor, value_cache: torch.Tensor, num_heads: int) 
     is a runtime value that Triton does not specialize on (``do_not_specialize``), so a
     step of any batch or context reuses one of these (tests/kernels/test_compile.py).
     Nothing is written to the cache (the token's slot is -1) and it is only read at
-    block 0. Returns the number of launches."""
+    block 0."""
     device, dtype = key_cache.device, key_cache.dtype
     num_kv_heads, head_dim = key_cache.shape[2], key_cache.shape[3]
-    launches = 0
 
     def tokens(n: int, heads: int) -> torch.Tensor:
         return torch.zeros(n, heads, head_dim, dtype=dtype, device=device)
@@ -744,7 +743,6 @@ def warm_up(key_cache: torch.Tensor, value_cache: torch.Tensor, num_heads: int) 
         query = tokens(1, num_heads)
         _decode(query, key_cache, value_cache, ints(0).view(1, 1), ints(1), 1.0,
                 num_splits=splits, tokens_per_split=block_n, block_n=block_n)  # fmt: skip
-        launches += 1 if splits == 1 else 2
     # A chunk of two prompt tokens; two sequences of one token each.
     cache = (key_cache, value_cache)
     paged_attention_prefill(
@@ -753,4 +751,3 @@ def warm_up(key_cache: torch.Tensor, value_cache: torch.Tensor, num_heads: int) 
     paged_attention_prefill(
         tokens(2, num_heads), *cache, ints(0, 0).view(2, 1), ints(0, 1, 2), ints(1, 1), 1.0
     )
-    return launches + 3

@@ -59,19 +59,16 @@ class ModelExecutor:
         self.record_timings = False  # synchronize the device for exact part timings
         self.last_timings: dict[str, float] = {}
 
-    def warm_up(self) -> float:
+    def warm_up(self) -> None:
         """Compile the attention backend's kernels for this model and cache (Triton's
         ``warm_up``; the torch reference has nothing to compile) and initialise the
-        device's matrix-multiply library, before any request's clock runs. Seconds
-        it took."""
-        t0 = time.perf_counter()
+        device's matrix-multiply library, before any request's clock runs."""
         warm = getattr(self.backend, "warm_up", None)
         if warm is not None:
             warm(*self.kv_caches[0], self.model.config.num_heads)
         if self.device.type == "cuda":
             x = torch.ones(16, 16, dtype=self.kv_caches[0][0].dtype, device=self.device)
             (x @ x).sum().item()  # cuBLAS's handle and workspace; waits for the kernels
-        return time.perf_counter() - t0
 
     @property
     def kv_cache_bytes(self) -> int:

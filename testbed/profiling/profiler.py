@@ -497,6 +497,16 @@ def run_profile(
     probes = [speed_probe(engine, executor, cfg.vocab_size)]
     rows: list[dict] = []
     done = 0  # grid points measured
+    grid_note = f"{grid_name} ({len(points)} points)"  # the header's "grid"
+
+    def write(filename: str, **extra: str) -> Path:
+        """The table of what was measured, under ``<out_dir>/<hardware>/``."""
+        path = Path(out_dir) / hardware / filename
+        header = profile_header(args, replay_args, executor, hardware, name, repeats, warmup)
+        header["grid"] = grid_note
+        write_profile(path, {**header, **extra, **probe_headers(probes, rows)}, rows)
+        return path
+
     try:
         idle_probe = IdleProbe(args, executor)
         grid_start = time.perf_counter()
@@ -513,7 +523,6 @@ def run_profile(
                 f"{r['latency_s'] * 1e3:8.2f} ms",
                 flush=True,
             )
-        grid_note = f"{grid_name} ({len(points)} points)"
         if done < len(points):
             skipped = ", ".join(
                 f"{p.decode_batch}x{p.context}+{p.prefill_tokens}" for p in points[done:]
@@ -543,17 +552,10 @@ def run_profile(
         why = "interrupted" if isinstance(e, KeyboardInterrupt) else f"failed ({e!r})"
         replayed = sum(r["grid"] == "replay" for r in rows)
         partial = f"{why} after {done} of {len(points)} grid points and {replayed} replay steps"
-        path = Path(out_dir) / hardware / f"{name}.partial.csv"
-        header = profile_header(args, replay_args, executor, hardware, name, repeats, warmup)
-        header["grid"] = f"{grid_name} ({len(points)} points)"
-        write_profile(path, {**header, "partial": partial, **probe_headers(probes, rows)}, rows)
+        path = write(f"{name}.partial.csv", partial=partial)
         print(f"profiler {partial}: wrote what it measured to {path}", flush=True)
         raise
-    path = Path(out_dir) / hardware / f"{name}.csv"
-    header = profile_header(args, replay_args, executor, hardware, name, repeats, warmup)
-    header["grid"] = grid_note
-    write_profile(path, {**header, **probe_headers(probes, rows)}, rows)
-    return path
+    return write(f"{name}.csv")
 
 
 def profile_header(

@@ -211,32 +211,32 @@ def profile_basis(num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv) -> list:
     (kernels that loop over its chunks or pad to it). Small decode-only batches
     also get a term per size (:func:`decode_size`), which :class:`ProfileModel`
     fits with these and adds by lookup."""
-    if isinstance(num_reqs, np.ndarray):
-        ramps = [np.minimum(num_reqs, k) for k in KNOTS]
-    else:
-        ramps = [min(num_reqs, k) for k in KNOTS]
-    hinge = np.maximum if isinstance(kv_tokens, np.ndarray) else max
-    kv_hinges = [hinge(kv_tokens - k, 0) for k in KV_KNOTS]
-    token_hinges = [
-        (np.maximum if isinstance(num_tokens, np.ndarray) else max)(num_tokens - k, 0)
-        for k in TOKEN_KNOTS
-    ]
-    pair_hinges = [
-        (np.maximum if isinstance(attn_pairs, np.ndarray) else max)(attn_pairs - k, 0)
-        for k in PAIR_KNOTS
-    ]
     return [
         1.0,
         num_reqs,
-        *ramps,
+        *ramps(num_reqs, KNOTS),
         num_tokens,
-        *token_hinges,
+        *hinges(num_tokens, TOKEN_KNOTS),
         attn_pairs,
-        *pair_hinges,
+        *hinges(attn_pairs, PAIR_KNOTS),
         kv_tokens,
-        *kv_hinges,
+        *hinges(kv_tokens, KV_KNOTS),
         max_kv,
     ]
+
+
+def ramps(x, knots: tuple) -> list:
+    """Concave ramps ``min(x, k)`` of a number or an array."""
+    if isinstance(x, np.ndarray):
+        return [np.minimum(x, k) for k in knots]
+    return [min(x, k) for k in knots]
+
+
+def hinges(x, knots: tuple) -> list:
+    """Convex hinges ``max(x - k, 0)`` of a number or an array."""
+    if isinstance(x, np.ndarray):
+        return [np.maximum(x - k, 0) for k in knots]
+    return [max(x - k, 0) for k in knots]
 
 
 class ProfileModel:

@@ -57,14 +57,23 @@ class Captured:
         return lambda *args, **kwargs: self.launches.append((self.fn, args, kwargs))
 
 
+def bind(fn, args, kwargs):
+    """Triton's own binding of a launch for sm_90: its bound arguments, their
+    specialization (types, constants, alignment) and the options."""
+    try:
+        binder = create_function_from_signature(fn.signature, fn.params, BACKEND)
+        return binder(*args, **kwargs)
+    except Exception as exc:
+        pytest.skip(f"this triton's launch internals differ: {exc!r}")
+
+
 def compile_for_sm90(fn, args, kwargs):
     kwargs = dict(kwargs, debug=False)
     for knob in ("instrumentation_mode", "fpsan_homomorphic_casts"):
         if hasattr(triton.knobs.compilation, knob):
             kwargs[knob] = getattr(triton.knobs.compilation, knob)
+    bound, specialization, options = bind(fn, args, kwargs)
     try:
-        binder = create_function_from_signature(fn.signature, fn.params, BACKEND)
-        bound, specialization, options = binder(*args, **kwargs)
         options, signature, constexprs, attrs = fn._pack_args(
             BACKEND, kwargs, bound, specialization, options
         )
@@ -156,11 +165,7 @@ def test_compiles_for_sm90_without_spills(case, monkeypatch):
 def variant(fn, args, kwargs) -> str:
     """What Triton compiles a launch for (its cache key, less the device and source):
     the kernel, its arguments' specialization and constants, and the options."""
-    try:
-        binder = create_function_from_signature(fn.signature, fn.params, BACKEND)
-        _, specialization, options = binder(*args, **kwargs)
-    except Exception as exc:
-        pytest.skip(f"this triton's launch internals differ: {exc!r}")
+    _, specialization, options = bind(fn, args, kwargs)
     return f"{fn.__name__} {specialization} {sorted(options.items())}"
 
 
