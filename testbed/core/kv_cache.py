@@ -183,6 +183,12 @@ class KVCacheManager:
         """Fraction of blocks held by requests (free cached blocks count as free)."""
         return (self.pool.num_blocks - self.pool.num_free_blocks) / self.pool.num_blocks
 
+    @property
+    def num_registered(self) -> int:
+        """Blocks made findable so far (only grows): when it grows, a waiting
+        request may hit more of its prefix in the cache and need fewer blocks."""
+        return self.pool._next_cache_id - ROOT_ID - 1
+
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
 

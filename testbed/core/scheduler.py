@@ -357,6 +357,7 @@ class Scheduler:
         accepted = result.num_accepted_drafts
         drafts = result.draft_token_ids
         cache = self.kv.enable_prefix_caching
+        registered = self.kv.num_registered
         finished = self._newly_finished
         self._newly_finished = []
         for i, req in enumerate(out.requests):
@@ -388,6 +389,10 @@ class Scheduler:
                     finished.append(req)
                 elif drafts:
                     req.spec_token_ids[:] = drafts.get(req.request_id, ())
+        if self.kv.num_registered != registered:
+            # Blocks this step computed are findable now: the head that found no
+            # room may hit them and need fewer blocks at the next admission.
+            self.admission_blocked_on_kv = False
         if result.finished_recving:
             for rid in result.finished_recving:
                 self._finish_kv_load(rid, now)

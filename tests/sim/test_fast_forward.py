@@ -64,3 +64,16 @@ def test_every_request_is_reported_finished_exactly_once(fast_forward):
     assert all(r.is_finished for r in result.requests)
     assert result.extra["num_finished_reported"] == len(requests)
     assert result.extra["outstanding"] == [0, 0]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_fast_path_equals_stepping_when_a_prefill_makes_room_through_the_prefix_cache(seed):
+    # Under a tight cache the head of the queue finds no room and the fast path
+    # may jump; but a prefill that just ran registers blocks the head shares (the
+    # workload's common system prompts), so at the next step it needs fewer
+    # blocks and stepping admits it. Seed 1 jumped past that admission before.
+    fast, _ = simulate(random_requests(250, seed=seed), "fcfs", True, 700)
+    slow, _ = simulate(random_requests(250, seed=seed), "fcfs", False, 700)
+    assert observable(fast.requests) == observable(slow.requests)
+    assert fast.steps.to_frame().equals(slow.steps.to_frame())
+    assert fast.num_jumped_steps > 0
