@@ -23,6 +23,7 @@ from testbed.models import ModelSpec, num_kv_blocks
 from testbed.report.rundir import write_idle_probe, write_metrics, write_plots, write_tables
 from testbed.sim import HardwareSpec, SimExecutor, Simulation, make_latency_model
 from testbed.sim.latency import ScaledModel
+from testbed.sim.speed import SpeedTrace
 from testbed.workload import to_requests
 from traces import load_trace
 
@@ -112,11 +113,18 @@ def latency_model(cfg: DictConfig, spec: ModelSpec | None = None):
     return model if scale == 1.0 else ScaledModel(model, scale)
 
 
+def speed_trace(cfg: DictConfig) -> SpeedTrace | None:
+    """The run's ``mode.speed_trace`` (a CSV; relative to the working directory), if any."""
+    path = cfg.mode.get("speed_trace")
+    return SpeedTrace.from_csv(Path(path).resolve()) if path else None
+
+
 def simulate(cfg: DictConfig, requests, spec: ModelSpec) -> tuple[Any, dict[str, Any]]:
     hw = HardwareSpec.from_config(cfg.hardware)
     engine = cfg.engine
     dtype = cfg.model.dtype
     latency = latency_model(cfg, spec)
+    speed = speed_trace(cfg)
     blocks = kv_blocks(engine, spec, hw, dtype, cfg.hardware.get("kv_cache_bytes"))
     max_len = engine.max_model_len or spec.max_position_embeddings
     policy_cfg = OmegaConf.to_container(cfg.policy, resolve=True)
@@ -126,7 +134,12 @@ def simulate(cfg: DictConfig, requests, spec: ModelSpec) -> tuple[Any, dict[str,
         kv = KVCacheManager(blocks, engine.block_size, engine.enable_prefix_caching)
         sched = Scheduler(scheduler_config(engine, max_len), kv, make_policy(policy_cfg))
         executor = SimExecutor(
-            latency, engine.num_speculative_tokens, engine.spec_acceptance_rate, seed=cfg.seed + i
+            latency,
+            engine.num_speculative_tokens,
+            engine.spec_acceptance_rate,
+            seed=cfg.seed + i,
+            speed=speed,
+            clock=clock,
         )
         engines.append(EngineCore(sched, executor, clock))
         return engines[-1]
@@ -152,6 +165,7 @@ def simulate(cfg: DictConfig, requests, spec: ModelSpec) -> tuple[Any, dict[str,
         "latency_model": latency.kind,
         "latency_model_source": latency.source,
         "latency_scale": getattr(latency, "scale", 1.0),
+        "speed_trace": speed.describe() if speed is not None else None,
         "num_kv_blocks": blocks,
         "prefix_cache_hit_rate": hits / queries if queries else 0.0,
         "sim_wall_s": result.wall_s,

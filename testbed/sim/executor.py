@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 from testbed.core import ExecutorOutput, SchedulerOutput
 from testbed.sim.latency import LatencyModel, step_features
+from testbed.sim.speed import SpeedTrace
 
 
 class SimExecutor:
@@ -15,6 +17,9 @@ class SimExecutor:
     drafts after every sampled token and accepts each draft with probability
     ``acceptance_rate`` (stopping at the first rejection, as verification does),
     seeded, so that speculative decoding's effect on the schedule is simulated.
+
+    With a ``speed`` trace, each step's latency is also multiplied by the trace's
+    factor at the step's start (``clock``: the simulation's clock).
     """
 
     def __init__(
@@ -23,14 +28,21 @@ class SimExecutor:
         num_speculative_tokens: int = 0,
         acceptance_rate: float = 0.0,
         seed: int = 0,
+        speed: SpeedTrace | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
+        if speed is not None and clock is None:
+            raise ValueError("a speed trace needs the simulation's clock")
         self.latency_model = latency_model
+        self.speed, self.clock = speed, clock
         self.num_spec = num_speculative_tokens
         self.acceptance_rate = acceptance_rate
         self.rng = random.Random(seed)
 
     def execute(self, so: SchedulerOutput) -> ExecutorOutput:
         latency = self.latency_model.predict(*step_features(so))
+        if self.speed is not None:
+            latency *= self.speed.at(self.clock())
         if not self.num_spec:
             return ExecutorOutput(latency_s=latency)
         accepted, drafts = {}, {}

@@ -28,6 +28,7 @@ from testbed.core import EngineCore, Request
 from testbed.core.fast_forward import advance_decode, decode_horizon
 from testbed.metrics import RunResult, StepLog
 from testbed.sim.latency import decode_latencies
+from testbed.sim.speed import SpeedTrace
 
 MAX_JUMP = 4096  # steps per jump at most (bounds the arrays built per jump)
 
@@ -118,13 +119,19 @@ class Replica:
         """Up to ``k`` decode steps from time ``t``, none starting at or after the
         next arrival (the first always runs). Returns the end time and who finished."""
         n = len(sched.running)
+        # The executor's speed trace (if any) applies to the fast path's steps too.
+        speed: SpeedTrace | None = getattr(self.engine.executor, "speed", None)
         counts = [r.num_computed_tokens for r in sched.running]
         ctx, longest = sum(counts), max(counts)
         if next_arrival < float("inf"):
             # Steps only get longer as contexts grow: the first bounds how many fit.
             first = latency_model.predict(n, n, float(ctx + n), ctx + n, longest + 1)
+            if speed is not None:
+                first *= speed.min_factor
             k = min(k, int((next_arrival - t) / first) + 2)
         lat = decode_latencies(latency_model, n, ctx, k, longest)
+        if speed is not None:
+            lat = speed.scale(t, lat)
         times = np.empty(len(lat) + 1)
         times[0] = t
         times[1:] = lat

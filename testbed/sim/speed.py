@@ -1,0 +1,123 @@
+"""The machine's speed over simulated time: a factor on every step's latency.
+
+A speed trace is a CSV with columns ``start_s`` and ``speed``: from each row's
+``start_s`` (seconds on the run's clock) until the next row's, every step that
+starts then lasts ``speed`` times what the latency model predicts (2.0: the
+machine runs steps half as fast as profiled). Before the first row the factor
+is 1. Uses: a machine's speed as it wandered during a real run (the fidelity
+experiment measures it window by window, so that the simulator can be compared
+with the real engine apart from the machine), or interference scripted by hand
+(a co-located job slowing the accelerator by 30% for two minutes).
+"""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+COLUMNS = ("start_s", "speed")
+
+
+class SpeedTrace:
+    """Piecewise-constant latency factors over time (see the module docstring)."""
+
+    def __init__(self, starts: Sequence[float], speeds: Sequence[float], source: str = "") -> None:
+        if len(starts) != len(speeds) or not starts:
+            raise ValueError("a speed trace needs one speed per start, and at least one")
+        self.starts = [float(t) for t in starts]
+        self.speeds = [float(s) for s in speeds]
+        self.source = source
+        for i, (t, s) in enumerate(zip(self.starts, self.speeds, strict=True)):
+            if not math.isfinite(t) or (i and t <= self.starts[i - 1]):
+                raise ValueError(f"{source}: start_s {t} must be finite and increasing")
+            if not (math.isfinite(s) and s > 0):
+                raise ValueError(f"{source}: speed {s} at start_s {t} must be positive")
+        self.min_factor = min(1.0, *self.speeds)
+
+    @classmethod
+    def from_csv(cls, path: str | Path) -> SpeedTrace:
+        """Read a trace; a bad file, row or field is named in the error."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"speed trace {path} does not exist")
+        starts, speeds = [], []
+        with path.open(newline="") as f:
+            reader = csv.DictReader(row for row in f if not row.startswith("#"))
+            missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
+            if missing:
+                raise ValueError(f"{path}: no column {', '.join(missing)} (needs {COLUMNS})")
+            for line, row in enumerate(reader, start=2):
+                values = []
+                for field in COLUMNS:
+                    try:
+                        values.append(float(row[field]))
+                    except (TypeError, ValueError):
+                        raise ValueError(
+                            f"{path}, row {line}, field {field}: not a number: {row[field]!r}"
+                        ) from None
+                t, s = values
+                if not math.isfinite(t) or (starts and t <= starts[-1]):
+                    raise ValueError(
+                        f"{path}, row {line}, field start_s: {t} must be finite and larger "
+                        "than the previous row's"
+                    )
+                if not (math.isfinite(s) and s > 0):
+                    raise ValueError(f"{path}, row {line}, field speed: {s} must be positive")
+                starts.append(t)
+                speeds.append(s)
+        if not starts:
+            raise ValueError(f"{path}: no rows")
+        return cls(starts, speeds, source=str(path))
+
+    @classmethod
+    def from_windows(cls, width_s: float, speeds: Sequence[float]) -> SpeedTrace:
+        """Windows of ``width_s`` seconds from 0, one speed each."""
+        return cls([i * width_s for i in range(len(speeds))], speeds)
+
+    def to_csv(self, path: str | Path, note: str = "") -> Path:
+        path = Path(path)
+        lines = [f"# {line}" for line in note.splitlines()] + [",".join(COLUMNS)]
+        lines += [f"{t:.6f},{s:.6f}" for t, s in zip(self.starts, self.speeds, strict=True)]
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    def describe(self) -> str:
+        return (
+            f"speed trace {Path(self.source).name or 'in memory'} ({len(self.speeds)} rows, "
+            f"{min(self.speeds):.3g}-{max(self.speeds):.3g})"
+        )
+
+    def _segment(self, t: float) -> tuple[float, float]:
+        """The factor at time ``t`` and when it next changes."""
+        i = bisect.bisect_right(self.starts, t)
+        factor = self.speeds[i - 1] if i else 1.0
+        until = self.starts[i] if i < len(self.starts) else math.inf
+        return factor, until
+
+    def at(self, t: float) -> float:
+        """The factor for a step that starts at ``t``."""
+        return self._segment(t)[0]
+
+    def scale(self, t: float, latencies: np.ndarray) -> np.ndarray:
+        """Consecutive steps' latencies from ``t`` on, each times the factor at its
+        own start: the same floats as stepping one at a time with :meth:`at`
+        (the start times are sequential sums, as the simulator's clock adds them)."""
+        out = np.empty_like(latencies)
+        i, n = 0, len(latencies)
+        while i < n:
+            factor, until = self._segment(t)
+            part = factor * latencies[i:]
+            ends = np.empty(len(part) + 1)
+            ends[0] = t
+            ends[1:] = part
+            np.cumsum(ends, out=ends)  # ends[j] is when step i + j starts (j < len)
+            # Steps that start before the factor changes take this factor.
+            m = 1 + int(np.searchsorted(ends[1:-1], until, side="left"))
+            out[i : i + m] = part[:m]
+            t, i = float(ends[m]), i + m
+        return out
