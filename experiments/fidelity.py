@@ -117,6 +117,7 @@ from testbed.profiling.profiler import (  # noqa: E402
 from testbed.report.wandb_log import log_experiment  # noqa: E402
 from testbed.runner import engine_args, latency_model, real_model, run_from_config  # noqa: E402
 from testbed.signals import interrupt_on_sigterm  # noqa: E402
+from testbed.sim.speed import SpeedTrace  # noqa: E402
 from traces.transforms import mean_rate  # noqa: E402
 
 STATS = ("mean", "p50", "p90", "p99")
@@ -377,15 +378,32 @@ def neighbour_speeds(
 
 
 WINDOW_S = 60.0  # the stretches of a run that :func:`window_speeds` measures
+TRACE_WINDOW_S = 10.0  # the windows of a run's :func:`run_speed_trace`
+
+
+def windows(steps: pd.DataFrame, width_s: float) -> pd.Series:
+    """A real run's speed stretch by stretch: for each ``width_s`` seconds of its
+    clock (by when a step starts; indexed by the stretch's number from 0), the
+    busy time of those steps over the latency model's prediction of them, as
+    :func:`own_speed` is for the whole run. ``steps``: the run's
+    :func:`busy_steps`; stretches without a step are left out."""
+    g = steps.groupby((steps["start_s"] // width_s).astype(int))
+    return g["latency_s"].sum() / g["pred_s"].sum()
 
 
 def window_speeds(steps: pd.DataFrame, width_s: float = WINDOW_S) -> np.ndarray:
-    """A real run's speed stretch by stretch: for each ``width_s`` seconds of its
-    clock (by when a step starts), the busy time of those steps over the latency
-    model's prediction of them, as :func:`own_speed` is for the whole run.
-    ``steps``: the run's :func:`busy_steps`; stretches without a step are left out."""
-    g = steps.groupby((steps["start_s"] // width_s).astype(int))
-    return (g["latency_s"].sum() / g["pred_s"].sum()).to_numpy(float)
+    """The speeds of a run's :func:`windows` of ``width_s`` seconds, in order."""
+    return windows(steps, width_s).to_numpy(float)
+
+
+def run_speed_trace(steps: pd.DataFrame, width_s: float = TRACE_WINDOW_S) -> SpeedTrace:
+    """A real run's speed window by window as the simulator's speed trace
+    (``mode.speed_trace``): one row per ``width_s`` seconds from 0, the
+    :func:`windows` speed, where no step started the previous window's (the
+    first: the run's :func:`own_speed`)."""
+    speeds = windows(steps, width_s)
+    filled = speeds.reindex(range(int(speeds.index.max()) + 1)).ffill()
+    return SpeedTrace.from_windows(width_s, filled.fillna(own_speed(step_errors(steps))).tolist())
 
 
 def cv(values: np.ndarray) -> float:
@@ -486,6 +504,9 @@ MARKDOWN = {  # column: heading, for the summary table
     "own_err_tpot_s_mean": "TPOT mean, own speed",
     "own_err_e2e_s_mean": "E2E mean, own speed",
     "own_err_ttft_s_p50": "TTFT p50, own speed",
+    "win_err_tpot_s_mean": "TPOT mean, run's speed by window",
+    "win_err_e2e_s_mean": "E2E mean, run's speed by window",
+    "win_err_ttft_s_p50": "TTFT p50, run's speed by window",
     "nb_err_tpot_s_mean": "TPOT mean, neighbours' speed",
     "nb_err_e2e_s_mean": "E2E mean, neighbours' speed",
     "nb_err_ttft_s_p50": "TTFT p50, neighbours' speed",
@@ -1047,6 +1068,22 @@ def main() -> None:
             speed = own_speed(steps)
             row.update(own_speed_factor=speed)
             row.update(scaled_errors(both, here / f"{policy}-sim-own-speed", real, speed, "own"))
+            # At the run's speed window by window (run_speed_trace): the machine's
+            # speed as it wandered during each real run. Calibrated on the run
+            # too; what it gains over the constant own speed is the machine's
+            # variation within the run, which a queue amplifies (a slow stretch
+            # lengthens the queue more than a fast one shortens it).
+            by_window = []
+            for k, r in enumerate(measured):
+                name = f"{policy}-sim-run-speed-{k + 1}"
+                trace_csv = run_speed_trace(predicted_of[r]).to_csv(
+                    here / f"{name}.csv",
+                    note=f"{r}: busy time / prediction per {TRACE_WINDOW_S:g} s (fidelity.py)",
+                )
+                by_window.append(simulate([*both, f"mode.speed_trace={trace_csv}"], here / name))
+            if len(by_window) > 1:
+                by_window = [average_runs(by_window, here / f"{policy}-sim-run-speed")]
+            row.update(prefixed_errors(by_window[0], real, "win"))
             # At the machine's speed around the runs: the real engine's speed in
             # the nearest runs of the same trace and other policies, before and
             # after each of the pair's runs (neighbour_speeds). Calibrated on
@@ -1111,6 +1148,10 @@ def main() -> None:
                     + latency_summary(row, "pass_")
                 )
             print(f"    at the run's own speed (x{speed:.3f}): " + latency_summary(row, "own_"))
+            print(
+                f"    at the run's speed by {TRACE_WINDOW_S:g} s window: "
+                + latency_summary(row, "win_")
+            )
             if "neighbour_speed_factor" in row:
                 print(
                     f"    at the neighbouring runs' speed (x{row['neighbour_speed_factor']:.3f}): "

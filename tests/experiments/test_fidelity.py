@@ -24,6 +24,7 @@ import pytest
 
 from experiments.fidelity import busy_steps, capacity, compare, scaled_errors, step_errors
 from testbed.runner import latency_model
+from testbed.sim.speed import SpeedTrace
 from tests.sim.test_runs import ROOT, compose_cfg, run_from_config
 
 SHORT = [
@@ -132,6 +133,15 @@ def test_fidelity_script_end_to_end_then_reanalysed_from_its_real_runs(
     assert [fcfs["own_each_err_min_tpot_s_mean"], fcfs["own_each_err_max_tpot_s_mean"]] == [
         pytest.approx(e, rel=1e-4, abs=1e-6) for e in each
     ]
+    # And each run at its speed window by window: its speed trace is its windows'.
+    model = latency_model(compose_cfg("mode=sim"))
+    for k, real in enumerate(reals, start=1):
+        sim = runs / "synthetic" / f"fcfs-sim-run-speed-{k}"
+        trace = SpeedTrace.from_csv(sim.with_suffix(".csv"))
+        win = fidelity.windows(fidelity.busy_steps(real, model), fidelity.TRACE_WINDOW_S)
+        assert [trace.speeds[i] for i in win.index] == pytest.approx(win.tolist(), rel=1e-5)
+        assert "fcfs-sim-run-speed" in json.loads((sim / "metrics.json").read_text())["speed_trace"]
+    assert abs(fcfs["win_err_throughput_req_s"]) < 0.2 and abs(fcfs["win_err_tpot_s_mean"]) < 0.3
     # The latency model's fit to its profile (the committed one of this hardware).
     meta = json.loads((tmp_path / "out" / "fidelity.json").read_text())["meta"]
     committed = latency_model(compose_cfg("mode=sim"))
@@ -488,6 +498,26 @@ def test_window_speeds_divide_each_stretch_by_its_prediction():
     # 0-60 s: 4 over 3; 60-120 s: 3 over 2; 120-180 s: 2 over 4.
     assert window_speeds(steps) == pytest.approx([4 / 3, 1.5, 0.5])
     assert window_speeds(steps, width_s=200) == pytest.approx([9 / 9])
+
+
+def test_a_runs_speed_trace_fills_windows_without_a_step():
+    from experiments.fidelity import own_speed, run_speed_trace, step_errors
+
+    steps = pd.DataFrame(
+        dict(
+            start_s=[12.0, 15.0, 31.0, 39.0],
+            latency_s=[1.0, 2.0, 1.0, 1.0],
+            pred_s=[1.0, 1.0, 2.0, 2.0],
+            num_reqs=[1, 1, 1, 1],
+            num_prefill_tokens=[0, 0, 0, 0],
+        )
+    )
+    trace = run_speed_trace(steps, width_s=10.0)
+    own = own_speed(step_errors(steps))  # 5 s busy over 6 s predicted
+    assert own == pytest.approx(5 / 6)
+    # 0-10 s had no step (the run's own speed), 20-30 s neither (the one before).
+    assert trace.starts == [0.0, 10.0, 20.0, 30.0]
+    assert trace.speeds == pytest.approx([own, 1.5, 1.5, 0.5])
 
 
 def test_speed_summary_per_trace_in_run_order():
