@@ -31,6 +31,7 @@ def test_real_run_writes_the_simulators_run_directory(tmp_path):
         "num_jumps",
         "num_jumped_steps",
         "latency_scale",
+        "speed_trace",
     }
     for f in ("requests.csv", "steps.csv"):
         a, b = pd.read_csv(tmp_path / "real" / f), pd.read_csv(tmp_path / "sim" / f)
