@@ -23,20 +23,32 @@ import numpy as np
 COLUMNS = ("start_s", "speed")
 
 
+def first_bad(starts: Sequence[float], speeds: Sequence[float]) -> tuple[int, str, str] | None:
+    """The first entry that is not a valid trace row (its index, field and what is
+    wrong), or None: starts finite and increasing, speeds finite and positive."""
+    for i, (t, s) in enumerate(zip(starts, speeds, strict=True)):
+        if not math.isfinite(t) or (i and t <= starts[i - 1]):
+            return i, "start_s", f"{t} must be finite and larger than the previous row's"
+        if not (math.isfinite(s) and s > 0):
+            return i, "speed", f"{s} must be positive"
+    return None
+
+
 class SpeedTrace:
     """Piecewise-constant latency factors over time (see the module docstring)."""
 
     def __init__(self, starts: Sequence[float], speeds: Sequence[float], source: str = "") -> None:
         if len(starts) != len(speeds) or not starts:
-            raise ValueError("a speed trace needs one speed per start, and at least one")
+            raise ValueError(
+                f"{source or 'a speed trace'}: needs one speed per start, at least one"
+            )
         self.starts = [float(t) for t in starts]
         self.speeds = [float(s) for s in speeds]
         self.source = source
-        for i, (t, s) in enumerate(zip(self.starts, self.speeds, strict=True)):
-            if not math.isfinite(t) or (i and t <= self.starts[i - 1]):
-                raise ValueError(f"{source}: start_s {t} must be finite and increasing")
-            if not (math.isfinite(s) and s > 0):
-                raise ValueError(f"{source}: speed {s} at start_s {t} must be positive")
+        bad = first_bad(self.starts, self.speeds)
+        if bad is not None:
+            i, field, problem = bad
+            raise ValueError(f"{name}: row {i + 1}, field {field}: {problem}")
         self.min_factor = min(1.0, *self.speeds)
 
     @classmethod
@@ -45,33 +57,27 @@ class SpeedTrace:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"speed trace {path} does not exist")
-        starts, speeds = [], []
+        lines, starts, speeds = [], [], []
         with path.open(newline="") as f:
             reader = csv.DictReader(row for row in f if not row.startswith("#"))
             missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
             if missing:
                 raise ValueError(f"{path}: no column {', '.join(missing)} (needs {COLUMNS})")
             for line, row in enumerate(reader, start=2):
-                values = []
-                for field in COLUMNS:
+                for field, values in zip(COLUMNS, (starts, speeds), strict=True):
                     try:
                         values.append(float(row[field]))
                     except (TypeError, ValueError):
                         raise ValueError(
                             f"{path}, row {line}, field {field}: not a number: {row[field]!r}"
                         ) from None
-                t, s = values
-                if not math.isfinite(t) or (starts and t <= starts[-1]):
-                    raise ValueError(
-                        f"{path}, row {line}, field start_s: {t} must be finite and larger "
-                        "than the previous row's"
-                    )
-                if not (math.isfinite(s) and s > 0):
-                    raise ValueError(f"{path}, row {line}, field speed: {s} must be positive")
-                starts.append(t)
-                speeds.append(s)
+                lines.append(line)
         if not starts:
             raise ValueError(f"{path}: no rows")
+        bad = first_bad(starts, speeds)
+        if bad is not None:
+            i, field, problem = bad
+            raise ValueError(f"{path}, row {lines[i]}, field {field}: {problem}")
         return cls(starts, speeds, source=str(path))
 
     @classmethod

@@ -138,6 +138,15 @@ def test_a_bad_speed_trace_names_its_file_row_and_field(tmp_path, text, message)
     assert message in str(err.value)
 
 
+def test_a_speed_trace_built_in_code_is_checked_too():
+    with pytest.raises(ValueError, match=r"row 2, field speed: -1\.0 must be positive"):
+        SpeedTrace([0.0, 1.0], [1.0, -1.0])
+    with pytest.raises(ValueError, match="row 2, field start_s"):
+        SpeedTrace.from_windows(0.0, [1.0, 2.0])
+    with pytest.raises(ValueError, match="one speed per start"):
+        SpeedTrace([0.0], [])
+
+
 def test_a_missing_speed_trace_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"nowhere\.csv does not exist"):
         SpeedTrace.from_csv(tmp_path / "nowhere.csv")
