@@ -38,10 +38,9 @@ class SpeedTrace:
     """Piecewise-constant latency factors over time (see the module docstring)."""
 
     def __init__(self, starts: Sequence[float], speeds: Sequence[float], source: str = "") -> None:
+        name = source or "a speed trace"
         if len(starts) != len(speeds) or not starts:
-            raise ValueError(
-                f"{source or 'a speed trace'}: needs one speed per start, at least one"
-            )
+            raise ValueError(f"{name}: needs one speed per start, at least one")
         self.starts = [float(t) for t in starts]
         self.speeds = [float(s) for s in speeds]
         self.source = source
