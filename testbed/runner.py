@@ -383,6 +383,10 @@ def print_summary(m: Mapping[str, Any], run_dir: Path) -> None:
         ("latency model", str(m.get("latency_model"))),
         ("wall time (s)", f"{m['wall_s']:.2f}"),
     ]
+    scale, speed = m.get("latency_scale", 1.0), m.get("speed_trace")
+    if scale != 1.0 or speed:  # the simulated machine is not the profiled one
+        slower = [f"x {scale:.4g}"] * (scale != 1.0) + [speed] * bool(speed)
+        rows.insert(-1, ("step latencies", ", ".join(slower)))
     head = f"{m['mode']} | {m['policy']} | {m['trace']} | {m['model']} on {m['hardware']}"
     if m.get("partial"):
         head += f" | PARTIAL ({m.get('stop_reason')})"
