@@ -640,12 +640,14 @@ def metrics_of(run_dir: Path) -> dict:
 
 @dataclass
 class PairRuns:
-    """One trace and policy: its simulation, its real runs, and each real run
-    simulated at that run's own speed (empty with one run)."""
+    """One trace and policy: its simulation, its real runs, each real run
+    simulated at that run's own speed (empty with one run), and the simulation
+    at the runs' speed window by window (their mean with repeats)."""
 
     sim: Path
     reals: list[Path]
     own: list[Path] = field(default_factory=list)
+    by_window: Path | None = None
 
 
 def round_effects(runs: list[dict], base: list[dict], key: str) -> list[float]:
@@ -662,7 +664,10 @@ def policy_effects(runs: dict[str, dict[str, PairRuns]], baseline: str):
     With repeats, also the effect round by round between the simulations of the
     runs at their own speeds (``own_effect_*``): what the simulator says the
     machine's speed in each run did to the effect, and ``own_round_gap``, the
-    largest difference from the real effect of the same round.
+    largest difference from the real effect of the same round. Where every pair
+    has one, the effect between the simulations at the runs' speed window by
+    window (``win_effect``; ``win_pairs_ordered_alike``): the simulator given
+    how the machine's speed moved in each run.
 
     ``runs``: trace -> policy -> :class:`PairRuns`. Returns the effects (one
     row per trace, metric and policy) and the order agreement (one row per
@@ -674,11 +679,16 @@ def policy_effects(runs: dict[str, dict[str, PairRuns]], baseline: str):
         sims = {p: metrics_of(r.sim) for p, r in pairs.items()}
         reals = {p: [metrics_of(d) for d in r.reals] for p, r in pairs.items()}
         owns = {p: [metrics_of(d) for d in r.own] for p, r in pairs.items()}
+        wins = {p: metrics_of(r.by_window) for p, r in pairs.items() if r.by_window}
+        if len(wins) < len(pairs):
+            wins = {}
         every = [*sims.values(), *(m for ms in reals.values() for m in ms)]
         grouped = sorted(k for k in sims[baseline] if "[" in k and all(k in m for m in every))
         for key in (*EFFECTS, *grouped):
             sim_v = {p: m[key] for p, m in sims.items()}
             real_v = {p: float(np.mean([m[key] for m in ms])) for p, ms in reals.items()}
+            with_win = all(key in m for m in wins.values())
+            win_v = {p: m[key] for p, m in wins.items()} if with_win else {}
             for policy in pairs:
                 if policy == baseline:
                     continue
@@ -692,6 +702,8 @@ def policy_effects(runs: dict[str, dict[str, PairRuns]], baseline: str):
                     real_effect_min=min(rounds),
                     real_effect_max=max(rounds),
                 )
+                if win_v:
+                    row.update(win_effect=win_v[policy] / win_v[baseline] - 1)
                 with_key = all(key in m for m in (*owns[policy], *owns[baseline]))
                 own = round_effects(owns[policy], owns[baseline], key) if with_key else []
                 if own:
@@ -702,19 +714,26 @@ def policy_effects(runs: dict[str, dict[str, PairRuns]], baseline: str):
                 effects.append(row)
             names = list(pairs)
             pairs_of = [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
-            alike = sum(
-                np.sign(sim_v[a] - sim_v[b]) == np.sign(real_v[a] - real_v[b]) for a, b in pairs_of
-            )
-            orders.append(
-                dict(
-                    trace=trace,
-                    metric=key,
-                    sim_order=" < ".join(sorted(names, key=sim_v.get)),
-                    real_order=" < ".join(sorted(names, key=real_v.get)),
-                    pairs_ordered_alike=int(alike),
-                    pairs=len(pairs_of),
+
+            def alike(values: dict, pairs_of=pairs_of, real_v=real_v) -> int:
+                return int(
+                    sum(
+                        np.sign(values[a] - values[b]) == np.sign(real_v[a] - real_v[b])
+                        for a, b in pairs_of
+                    )
                 )
+
+            order = dict(
+                trace=trace,
+                metric=key,
+                sim_order=" < ".join(sorted(names, key=sim_v.get)),
+                real_order=" < ".join(sorted(names, key=real_v.get)),
+                pairs_ordered_alike=alike(sim_v),
+                pairs=len(pairs_of),
             )
+            if win_v:
+                order.update(win_pairs_ordered_alike=alike(win_v))
+            orders.append(order)
     return pd.DataFrame(effects), pd.DataFrame(orders)
 
 
@@ -723,12 +742,17 @@ def effects_markdown(effects: pd.DataFrame, orders: pd.DataFrame) -> str:
     if effects.empty:
         return ""
     own = "own_effect_min" in effects.columns
+    win = "win_effect" in effects.columns
     columns = ["trace", "metric", "policy", "sim effect", "real effect", "real, round by round"]
+    if win:
+        columns.insert(4, "sim at the runs' speed by window")
     if own:
         columns += ["sim at each run's speed, round by round", "largest gap in a round"]
     rows = []
     for _, r in effects.iterrows():
         row = [r["trace"], r["metric"], r["policy"], f"{r['sim_effect']:+.1%}"]
+        if win:
+            row += ["" if pd.isna(r["win_effect"]) else f"{r['win_effect']:+.1%}"]
         row += [
             f"{r['real_effect']:+.1%}",
             f"{r['real_effect_min']:+.1%} .. {r['real_effect_max']:+.1%}",
@@ -740,12 +764,15 @@ def effects_markdown(effects: pd.DataFrame, orders: pd.DataFrame) -> str:
             row += ["", ""]
         rows.append(row)
     effects_md = markdown_table(columns, rows, left=3)
+    win = "win_pairs_ordered_alike" in orders.columns
     rows = [
         [r["trace"], r["metric"], r["sim_order"], r["real_order"]]
         + [f"{r['pairs_ordered_alike']} / {r['pairs']}"]
+        + ([f"{r['win_pairs_ordered_alike']:.0f} / {r['pairs']}"] if win else [])
         for _, r in orders.iterrows()
     ]
     columns = ["trace", "metric", "sim order", "real order", "pairs alike"]
+    columns += ["alike at the runs' speed by window"] if win else []
     return effects_md + "\n" + markdown_table(columns, rows, left=4)
 
 
@@ -1084,6 +1111,7 @@ def main() -> None:
             if len(by_window) > 1:
                 by_window = [average_runs(by_window, here / f"{policy}-sim-run-speed")]
             row.update(prefixed_errors(by_window[0], real, "win"))
+            pair_runs.by_window = by_window[0]
             # At the machine's speed around the runs: the real engine's speed in
             # the nearest runs of the same trace and other policies, before and
             # after each of the pair's runs (neighbour_speeds). Calibrated on

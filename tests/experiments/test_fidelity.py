@@ -380,6 +380,21 @@ def test_policy_effects_compare_what_sim_and_real_say_about_the_policies(tmp_pat
         "| t | e2e_s_mean | sjf < fcfs < priority < vtc | sjf < vtc < fcfs < priority | 4 / 6 |"
         in md
     )
+    assert "win_effect" not in effects.columns  # no pair simulated at its runs' speed
+    # At the runs' speed window by window: with one pair left out, nothing; with
+    # all four, each effect and the order it gives (vtc now below fcfs, as real).
+    for name, e2e in (("fcfs", 10.0), ("sjf", 8.0), ("vtc", 9.0)):
+        pairs[name].by_window = run(f"{name}-win", e2e)
+    assert "win_effect" not in policy_effects({"t": pairs}, "fcfs")[0].columns
+    pairs["priority"].by_window = run("p-win", 10.5)
+    effects, orders = policy_effects({"t": pairs}, "fcfs")
+    win = effects[effects["metric"] == "e2e_s_mean"].set_index("policy")["win_effect"]
+    assert win.tolist() == pytest.approx([-0.2, -0.1, 0.05])
+    order = orders[orders["metric"] == "e2e_s_mean"].iloc[0]
+    assert (order["pairs_ordered_alike"], order["win_pairs_ordered_alike"]) == (4, 5)
+    md = effects_markdown(effects, orders)
+    assert "| t | e2e_s_mean | vtc | +10.0% | -10.0% | -5.0% | -5.0% .. -5.0% |" in md
+    assert "| sjf < vtc < fcfs < priority | 4 / 6 | 5 / 6 |" in md
 
 
 def test_steps_by_size_groups_the_real_steps_and_divides_out_the_machine(tmp_path):
