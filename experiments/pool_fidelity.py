@@ -52,6 +52,7 @@ VARIANTS = {
     "idle_err": "idle probe",
     "nb_err": "neighbours' speed",
     "own_err": "own speed (not a prediction)",
+    "win_err": "runs' speed by window (not a prediction)",
 }
 SAME = ("load", "num_requests", "max_model_len")  # meta fields that must agree
 

@@ -52,6 +52,19 @@ def test_pool_gives_mean_spread_and_count_within_target_per_pair():
     )
 
 
+def test_pool_keeps_the_runs_speed_by_window_as_its_own_variant():
+    columns = ["trace", "policy", "err_tpot_s_mean", "win_err_tpot_s_mean"]
+    tables = {
+        "a": pd.DataFrame([("mc", "fcfs", -0.08, 0.01)], columns=columns),
+        "b": pd.DataFrame([("mc", "fcfs", 0.06, -0.03)], columns=columns),
+    }
+    pooled = pool(tables).set_index(["variant", "metric"])
+    assert pooled.loc[("win_err", "tpot_s_mean"), "mean"] == pytest.approx(-0.01)
+    assert pooled.loc[("err", "tpot_s_mean"), "mean"] == pytest.approx(-0.01)
+    assert pooled.loc[("win_err", "tpot_s_mean"), "within"] == 2
+    assert pooled.loc[("err", "tpot_s_mean"), "within"] == 0
+
+
 def test_check_alike_refuses_other_workloads_naming_file_and_field():
     pinned = dict(META, extra=[*META["extra"], "hardware.cpus=[1]"])
     check_alike({"x": META, "y": pinned}, ("hardware.cpus",))  # pinning may differ
