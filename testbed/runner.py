@@ -22,7 +22,6 @@ from testbed.metrics.summary import requests_frame, summarize
 from testbed.models import ModelSpec, num_kv_blocks
 from testbed.report.rundir import write_idle_probe, write_metrics, write_plots, write_tables
 from testbed.sim import HardwareSpec, SimExecutor, Simulation, make_latency_model
-from testbed.sim.latency import ScaledModel
 from testbed.sim.speed import SpeedTrace
 from testbed.workload import to_requests
 from traces import load_trace
@@ -106,11 +105,9 @@ def latency_model(cfg: DictConfig, spec: ModelSpec | None = None):
     spec = spec or model_spec(cfg.model)
     hw = HardwareSpec.from_config(cfg.hardware)
     profiles = Path(cfg.profiles_dir)
-    model = make_latency_model(
+    return make_latency_model(
         spec, hw, cfg.model.dtype, profiles if profiles.is_absolute() else PROJECT_ROOT / profiles
     )
-    scale = cfg.mode.get("latency_scale", 1.0)
-    return model if scale == 1.0 else ScaledModel(model, scale)
 
 
 def speed_trace(cfg: DictConfig) -> SpeedTrace | None:
@@ -119,12 +116,23 @@ def speed_trace(cfg: DictConfig) -> SpeedTrace | None:
     return SpeedTrace.from_csv(Path(path).resolve()) if path else None
 
 
+def machine_speed(cfg: DictConfig, trace: SpeedTrace | None) -> SpeedTrace | None:
+    """What the simulated steps are multiplied by: the speed trace times
+    ``mode.latency_scale`` (a machine slower or faster than when profiled), the
+    scale alone without a trace, or nothing."""
+    scale = float(cfg.mode.get("latency_scale", 1.0))
+    if trace is not None:
+        return trace.scaled(scale) if scale != 1.0 else trace
+    return SpeedTrace.constant(scale) if scale != 1.0 else None
+
+
 def simulate(cfg: DictConfig, requests, spec: ModelSpec) -> tuple[Any, dict[str, Any]]:
     hw = HardwareSpec.from_config(cfg.hardware)
     engine = cfg.engine
     dtype = cfg.model.dtype
     latency = latency_model(cfg, spec)
-    speed = speed_trace(cfg)
+    trace = speed_trace(cfg)
+    speed = machine_speed(cfg, trace)
     blocks = kv_blocks(engine, spec, hw, dtype, cfg.hardware.get("kv_cache_bytes"))
     max_len = engine.max_model_len or spec.max_position_embeddings
     policy_cfg = OmegaConf.to_container(cfg.policy, resolve=True)
@@ -164,8 +172,8 @@ def simulate(cfg: DictConfig, requests, spec: ModelSpec) -> tuple[Any, dict[str,
     extra = {
         "latency_model": latency.kind,
         "latency_model_source": latency.source,
-        "latency_scale": getattr(latency, "scale", 1.0),
-        "speed_trace": speed.describe() if speed is not None else None,
+        "latency_scale": float(cfg.mode.get("latency_scale", 1.0)),
+        "speed_trace": trace.describe() if trace is not None else None,
         "num_kv_blocks": blocks,
         "prefix_cache_hit_rate": hits / queries if queries else 0.0,
         "sim_wall_s": result.wall_s,
@@ -383,9 +391,10 @@ def print_summary(m: Mapping[str, Any], run_dir: Path) -> None:
         ("latency model", str(m.get("latency_model"))),
         ("wall time (s)", f"{m['wall_s']:.2f}"),
     ]
-    scale, speed = m.get("latency_scale", 1.0), m.get("speed_trace")
-    if scale != 1.0 or speed:  # the simulated machine is not the profiled one
-        slower = [f"x {scale:.4g}"] * (scale != 1.0) + [speed] * bool(speed)
+    # The simulated machine, where it is not the profiled one.
+    slower = [f"x {m['latency_scale']:.4g}"] if m.get("latency_scale", 1.0) != 1.0 else []
+    slower += [m["speed_trace"]] if m.get("speed_trace") else []
+    if slower:
         rows.insert(-1, ("step latencies", ", ".join(slower)))
     head = f"{m['mode']} | {m['policy']} | {m['trace']} | {m['model']} on {m['hardware']}"
     if m.get("partial"):

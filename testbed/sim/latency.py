@@ -318,26 +318,6 @@ class ProfileModel:
         return total + np.asarray(self._decode_extra)[decode_size(num_reqs, num_tokens)]
 
 
-class ScaledModel:
-    """Another latency model's predictions times ``scale``: the same profile on a
-    machine measured that much slower (> 1) or faster (< 1) than when profiled."""
-
-    def __init__(self, inner: LatencyModel, scale: float) -> None:
-        if not scale > 0:
-            raise ValueError(f"latency_scale must be positive, got {scale}")
-        self.inner, self.scale = inner, float(scale)
-        self.kind = inner.kind
-        self.source = f"{inner.source} x {self.scale:.4g}"
-
-    def predict(self, num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv) -> float:
-        return self.scale * self.inner.predict(num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv)
-
-    def predict_many(self, num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv):
-        return self.scale * self.inner.predict_many(
-            num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv
-        )
-
-
 def read_profile_header(path: Path) -> dict[str, str]:
     """The ``# key: value`` lines at the top of a profile table."""
     header = {}

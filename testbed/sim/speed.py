@@ -4,10 +4,12 @@ A speed trace is a CSV with columns ``start_s`` and ``speed``: from each row's
 ``start_s`` (seconds on the run's clock) until the next row's, every step that
 starts then lasts ``speed`` times what the latency model predicts (2.0: the
 machine runs steps half as fast as profiled). Before the first row the factor
-is 1. Uses: a machine's speed as it wandered during a real run (the fidelity
-experiment measures it window by window, so that the simulator can be compared
-with the real engine apart from the machine), or interference scripted by hand
-(a co-located job slowing the accelerator by 30% for two minutes).
+is 1. ``mode.latency_scale`` multiplies the whole trace, or is a trace of its own
+(one factor throughout) where no CSV is given. Uses: a machine's speed as it
+wandered during a real run (the fidelity experiment measures it window by
+window, so that the simulator can be compared with the real engine apart from
+the machine), or interference scripted by hand (a co-located job slowing the
+accelerator by 30% for two minutes).
 """
 
 from __future__ import annotations
@@ -37,7 +39,13 @@ def first_bad(starts: Sequence[float], speeds: Sequence[float]) -> tuple[int, st
 class SpeedTrace:
     """Piecewise-constant latency factors over time (see the module docstring)."""
 
-    def __init__(self, starts: Sequence[float], speeds: Sequence[float], source: str = "") -> None:
+    def __init__(
+        self,
+        starts: Sequence[float],
+        speeds: Sequence[float],
+        source: str = "",
+        before: float = 1.0,
+    ) -> None:
         name = source or "a speed trace"
         if len(starts) != len(speeds) or not starts:
             raise ValueError(f"{name}: needs one speed per start, at least one")
@@ -48,7 +56,8 @@ class SpeedTrace:
         if bad is not None:
             i, field, problem = bad
             raise ValueError(f"{name}: row {i + 1}, field {field}: {problem}")
-        self.min_factor = min(1.0, *self.speeds)
+        self.before = float(before)  # the factor before the first row
+        self.min_factor = min(self.before, *self.speeds)
 
     @classmethod
     def from_csv(cls, path: str | Path) -> SpeedTrace:
@@ -84,6 +93,21 @@ class SpeedTrace:
         """Windows of ``width_s`` seconds from 0, one speed each."""
         return cls([i * width_s for i in range(len(speeds))], speeds)
 
+    @classmethod
+    def constant(cls, factor: float) -> SpeedTrace:
+        """One factor for every step (``mode.latency_scale`` alone)."""
+        if not (math.isfinite(factor) and factor > 0):
+            raise ValueError(f"latency_scale must be positive, got {factor}")
+        return cls([0.0], [factor], before=factor)
+
+    def scaled(self, factor: float) -> SpeedTrace:
+        """This trace with every factor, the one before its first row too, times
+        ``factor`` (``mode.latency_scale`` on top of a CSV trace)."""
+        if not (math.isfinite(factor) and factor > 0):
+            raise ValueError(f"latency_scale must be positive, got {factor}")
+        speeds = [factor * x for x in self.speeds]
+        return SpeedTrace(self.starts, speeds, self.source, before=factor * self.before)
+
     def to_csv(self, path: str | Path, note: str = "") -> Path:
         path = Path(path)
         lines = [f"# {line}" for line in note.splitlines()] + [",".join(COLUMNS)]
@@ -100,7 +124,7 @@ class SpeedTrace:
     def _segment(self, t: float) -> tuple[float, float]:
         """The factor at time ``t`` and when it next changes."""
         i = bisect.bisect_right(self.starts, t)
-        factor = self.speeds[i - 1] if i else 1.0
+        factor = self.speeds[i - 1] if i else self.before
         until = self.starts[i] if i < len(self.starts) else math.inf
         return factor, until
 

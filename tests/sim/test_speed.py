@@ -11,7 +11,6 @@ import pytest
 from policies import make_policy
 from testbed.core import EngineCore, KVCacheManager, Scheduler, SchedulerConfig
 from testbed.sim import SimExecutor, Simulation
-from testbed.sim.latency import ScaledModel
 from testbed.sim.speed import SpeedTrace
 from tests.sim.helpers import latency_model, random_requests
 from tests.sim.test_fast_forward import observable
@@ -54,12 +53,15 @@ def wandering(duration_s: float, width_s: float, seed: int = 0) -> SpeedTrace:
     return SpeedTrace.from_windows(width_s, [rng.uniform(0.5, 2.0) for _ in range(n)])
 
 
-def test_a_constant_speed_is_the_latency_scale():
-    lat = latency_model()
-    traced = simulate(random_requests(150), SpeedTrace([0.0], [1.7]))
-    scaled = simulate(random_requests(150), model=ScaledModel(lat, 1.7))
-    assert observable(traced.requests) == observable(scaled.requests)
-    assert traced.steps.to_frame().equals(scaled.steps.to_frame())
+def test_latency_scale_multiplies_every_factor_of_a_trace_and_alone_is_one_factor():
+    trace = SpeedTrace([5.0, 6.0], [2.0, 0.5]).scaled(1.5)
+    assert [trace.at(t) for t in (0.0, 5.0, 6.0)] == [1.5, 3.0, 0.75]
+    assert trace.min_factor == 0.75
+    alone = SpeedTrace.constant(1.7)
+    assert [alone.at(t) for t in (-1.0, 0.0, 1e6)] == [1.7] * 3 and alone.min_factor == 1.7
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="latency_scale must be positive"):
+            SpeedTrace.constant(bad)
 
 
 @pytest.mark.parametrize("policy", ["fcfs", "sjf", "vtc"])
@@ -166,5 +168,14 @@ def test_a_run_with_a_speed_trace_says_so_and_slows_where_the_trace_does(tmp_pat
     after = steps["start_s"].to_numpy() >= half
     assert ratio[~after] == pytest.approx(1.0, rel=1e-6)
     assert ratio[after] == pytest.approx(3.0, rel=1e-6)
+    # latency_scale on top: every step 2x, and 3x more from the change on (which
+    # the slower steps now reach sooner in steps).
+    both = run(tmp_path, *one, f"mode.speed_trace={path}", "mode.latency_scale=2", name="both")
+    assert both["speed_trace"] == slow["speed_trace"] and both["latency_scale"] == 2.0
+    twice = pd.read_csv(tmp_path / "both" / "steps.csv")
+    factor = np.where(twice["start_s"].to_numpy() >= half, 6.0, 2.0)
+    assert len(twice) == len(steps) and (factor == 6.0).sum() > (factor == 2.0).sum()
+    expected = factor * steps["latency_s"].to_numpy()
+    assert twice["latency_s"].to_numpy() == pytest.approx(expected, rel=1e-6)
     with pytest.raises(FileNotFoundError, match=r"missing\.csv"):
         run(tmp_path, *one, f"mode.speed_trace={tmp_path / 'missing.csv'}", name="bad")
