@@ -655,6 +655,12 @@ def round_effects(runs: list[dict], base: list[dict], key: str) -> list[float]:
     return [a[key] / b[key] - 1 for a, b in zip(runs, base, strict=False)]
 
 
+def ordered_alike(values: dict, real: dict, pairs_of: list[tuple[str, str]]) -> int:
+    """How many pairs of policies ``values`` order as the real runs (``real``) do."""
+    same = [np.sign(values[a] - values[b]) == np.sign(real[a] - real[b]) for a, b in pairs_of]
+    return int(sum(same))
+
+
 def policy_effects(runs: dict[str, dict[str, PairRuns]], baseline: str):
     """What the simulator says about the policies against what the real engine
     does: for each trace and metric, each policy's effect relative to
@@ -714,25 +720,16 @@ def policy_effects(runs: dict[str, dict[str, PairRuns]], baseline: str):
                 effects.append(row)
             names = list(pairs)
             pairs_of = [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
-
-            def alike(values: dict, pairs_of=pairs_of, real_v=real_v) -> int:
-                return int(
-                    sum(
-                        np.sign(values[a] - values[b]) == np.sign(real_v[a] - real_v[b])
-                        for a, b in pairs_of
-                    )
-                )
-
             order = dict(
                 trace=trace,
                 metric=key,
                 sim_order=" < ".join(sorted(names, key=sim_v.get)),
                 real_order=" < ".join(sorted(names, key=real_v.get)),
-                pairs_ordered_alike=alike(sim_v),
+                pairs_ordered_alike=ordered_alike(sim_v, real_v, pairs_of),
                 pairs=len(pairs_of),
             )
             if win_v:
-                order.update(win_pairs_ordered_alike=alike(win_v))
+                order.update(win_pairs_ordered_alike=ordered_alike(win_v, real_v, pairs_of))
             orders.append(order)
     return pd.DataFrame(effects), pd.DataFrame(orders)
 
