@@ -114,6 +114,7 @@ from testbed.profiling.profiler import (  # noqa: E402
     probe_engine,
     speed_probe,
 )
+from testbed.profiling.reference import BUSY_COVER  # noqa: E402
 from testbed.report.wandb_log import log_experiment  # noqa: E402
 from testbed.runner import engine_args, latency_model, real_model, run_from_config  # noqa: E402
 from testbed.signals import interrupt_on_sigterm  # noqa: E402
@@ -406,6 +407,21 @@ def run_speed_trace(steps: pd.DataFrame, width_s: float = TRACE_WINDOW_S) -> Spe
     return SpeedTrace.from_windows(width_s, filled.fillna(own_speed(step_errors(steps))).tolist())
 
 
+def reference_speed_trace(run: Path, profiled: float, width_s: float = TRACE_WINDOW_S):
+    """A real run's reference probe (``reference_probe.csv``, samples beside the busy
+    engine) window by window over the profile's (``profiled`` seconds) as the
+    simulator's speed trace; where a window has no such sample, the previous
+    window's (the first: the run's median), as :func:`run_speed_trace`."""
+    samples = pd.read_csv(run / "reference_probe.csv")
+    busy = samples[samples["busy"] >= BUSY_COVER]
+    if busy.empty:
+        return None
+    speeds = busy.groupby((busy["time_s"] // width_s).astype(int))["probe_s"].median() / profiled
+    filled = speeds.reindex(range(max(int(speeds.index.max()), 0) + 1)).ffill()
+    first = busy["probe_s"].median() / profiled
+    return SpeedTrace.from_windows(width_s, filled.fillna(first).tolist())
+
+
 def cv(values: np.ndarray) -> float:
     """The coefficient of variation (standard deviation over mean); NaN when empty."""
     return float(values.std() / values.mean()) if len(values) else float("nan")
@@ -513,6 +529,12 @@ MARKDOWN = {  # column: heading, for the summary table
     "idle_err_tpot_s_mean": "TPOT mean, idle-probe speed",
     "idle_err_e2e_s_mean": "E2E mean, idle-probe speed",
     "idle_err_ttft_s_p50": "TTFT p50, idle-probe speed",
+    "ref_err_tpot_s_mean": "TPOT mean, reference probe",
+    "ref_err_e2e_s_mean": "E2E mean, reference probe",
+    "ref_err_ttft_s_p50": "TTFT p50, reference probe",
+    "refwin_err_tpot_s_mean": "TPOT mean, reference probe by window",
+    "refwin_err_e2e_s_mean": "E2E mean, reference probe by window",
+    "refwin_err_ttft_s_p50": "TTFT p50, reference probe by window",
 }
 
 
@@ -1130,6 +1152,33 @@ def main() -> None:
                 row.update(
                     scaled_errors(both, here / f"{policy}-sim-idle-probe", real, factor, "idle")
                 )
+            # At the machine's speed as the reference probe on another core measured
+            # it beside the busy engine (hardware.reference_cpus): one factor per pair,
+            # and window by window through each run. A measurement of the machine
+            # at the time of the run, not of the run's steps.
+            ref = read_metrics(real).get("reference_probe_s")
+            if ref is not None and np.isfinite(ref):
+                profiled = profile_probe(model, "reference_probe_s", "hardware.reference_cpus")
+                factor = ref / profiled
+                row.update(reference_probe_s=ref, reference_speed_factor=factor)
+                row.update(
+                    scaled_errors(both, here / f"{policy}-sim-reference", real, factor, "ref")
+                )
+                traced = []
+                for k, r in enumerate(measured):
+                    speed_trace = reference_speed_trace(r, profiled)
+                    if speed_trace is None:
+                        continue
+                    name = f"{policy}-sim-reference-windows-{k + 1}"
+                    trace_csv = speed_trace.to_csv(
+                        here / f"{name}.csv",
+                        note=f"{r}: reference probe / profile's per {TRACE_WINDOW_S:g} s",
+                    )
+                    traced.append(simulate([*both, f"mode.speed_trace={trace_csv}"], here / name))
+                if len(traced) > 1:
+                    traced = [average_runs(traced, here / f"{policy}-sim-reference-windows")]
+                if traced:
+                    row.update(prefixed_errors(traced[0], real, "refwin"))
             around = [p for r in measured for p in probes.get(f"{trace}/{r.name}", [])]
             if around:
                 factor = float(np.mean(around)) / profile_probe(model)
@@ -1186,6 +1235,16 @@ def main() -> None:
                 print(
                     f"    at the idle probe's speed (x{row['idle_speed_factor']:.3f}): "
                     + latency_summary(row, "idle_")
+                )
+            if "reference_speed_factor" in row:
+                print(
+                    f"    at the reference probe's speed (x{row['reference_speed_factor']:.3f}): "
+                    + latency_summary(row, "ref_")
+                )
+            if "refwin_err_tpot_s_mean" in row:
+                print(
+                    f"    at the reference probe's speed by {TRACE_WINDOW_S:g} s window: "
+                    + latency_summary(row, "refwin_")
                 )
             if around:
                 print(

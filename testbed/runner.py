@@ -6,6 +6,7 @@ compose API. Every run writes its files even when interrupted (marked partial).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
@@ -238,11 +239,21 @@ def run_real(cfg: DictConfig, requests) -> tuple[Any, dict[str, Any]]:
         from testbed.profiling.profiler import IdleProbe
 
         probe = IdleProbe(args, executor)
+    reference, running = None, contextlib.ExitStack()
+    if cfg.hardware.get("reference_cpus"):
+        from testbed.profiling.reference import ReferenceProbe
+
+        reference = ReferenceProbe(args, real_model(cfg), list(cfg.hardware.reference_cpus))
+        running.enter_context(reference)
+        reference.watch(executor)
     progress = Progress(len(requests), cfg.progress)
     try:
         result = replay(engine, requests, progress, cfg.mode.get("max_wall_s"), idle_probe=probe)
     finally:
         progress.close()
+        running.close()
+    if reference is not None:
+        result.extra["reference_probe"] = (reference, engine.clock.origin)
     kv = engine.scheduler.kv
     extra = {
         "latency_model": "measured",
@@ -251,6 +262,7 @@ def run_real(cfg: DictConfig, requests) -> tuple[Any, dict[str, Any]]:
         "prefix_cache_hit_rate": kv.stats.hit_rate,
         "tokens_computed": executor.num_computed_tokens,
         **idle_probe_metrics(result.extra.get("idle_probe")),
+        **reference_metrics(result.extra.get("reference_probe")),
         "partial": result.partial,
         "stop_reason": result.stop_reason,
     }
@@ -266,6 +278,17 @@ def idle_probe_metrics(samples: list[tuple[float, float]] | None) -> dict[str, A
         "idle_probe_s": statistics.median(seconds) if seconds else math.nan,
         "idle_probe_samples": len(seconds),
     }
+
+
+def reference_metrics(record) -> dict[str, Any]:
+    """metrics.json's summary of the reference probe (none without it): its median
+    beside the busy engine (``testbed.profiling.reference``)."""
+    if record is None:
+        return {}
+    from testbed.profiling.reference import reference_summary
+
+    median, n = reference_summary(record[0])
+    return {"reference_probe_s": median, "reference_probe_samples": n}
 
 
 def profile_from_config(cfg: DictConfig) -> dict[str, Any]:
@@ -286,6 +309,7 @@ def profile_from_config(cfg: DictConfig) -> dict[str, Any]:
         model=real_model(cfg),
         replay_requests=cfg.mode.replay_requests,
         max_grid_s=cfg.mode.get("max_grid_s"),
+        reference_cpus=cfg.hardware.get("reference_cpus"),
     )
     return {"mode": "profile", "profile": str(path), "fit_rel_error": report_profile(path)}
 
@@ -330,6 +354,11 @@ def run_from_config(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[
     write_tables(run_dir, req_df, result.steps)
     if result.extra.get("idle_probe") is not None:
         write_idle_probe(run_dir, result.extra["idle_probe"])
+    if result.extra.get("reference_probe") is not None:
+        from testbed.profiling.reference import write_samples
+
+        reference, origin = result.extra["reference_probe"]
+        write_samples(reference, Path(run_dir) / "reference_probe.csv", origin)
     plots = (
         write_plots(run_dir, req_df, result.steps, f"{cfg.policy.name} on {cfg.trace.name}")
         if cfg.plots

@@ -34,6 +34,11 @@ class WallClock:
     def __call__(self) -> float:
         return time.perf_counter() - self._t0
 
+    @property
+    def origin(self) -> float:
+        """The ``time.perf_counter`` reading this clock counts from."""
+        return self._t0
+
 
 @dataclass(slots=True)
 class StepResult:

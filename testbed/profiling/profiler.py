@@ -12,6 +12,7 @@ latency models use, the median latency, its spread, and the parts.
 
 from __future__ import annotations
 
+import contextlib
 import platform
 import random
 import statistics
@@ -25,6 +26,7 @@ import torch
 
 from testbed.core import Request, SamplingParams
 from testbed.engine.llm import EngineArgs, build_engine, pick_device
+from testbed.profiling.reference import ReferenceProbe, reference_summary
 from testbed.sim.latency import FEATURES, ProfileModel, read_profile_header, step_features
 
 DECODE_BATCHES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 32, 64)
@@ -469,6 +471,7 @@ def run_profile(
     model=None,
     replay_requests: int = 80,
     max_grid_s: float | None = None,
+    reference_cpus: Iterable[int] | None = None,
 ) -> Path:
     """Measure every grid point, then every step of a short synthetic replay, and
     write ``<out_dir>/<hardware>/<model>.csv``.
@@ -481,7 +484,10 @@ def run_profile(
     that many seconds of the grid (the first always is): the rest are skipped,
     the replay still runs and the profile is written, its header naming the
     points skipped (for a machine lent for minutes, whose speed is not known
-    beforehand)."""
+    beforehand). With ``reference_cpus``, a
+    :class:`~testbed.profiling.reference.ReferenceProbe` runs on those cores
+    throughout, and the header's ``reference_probe_s`` is its median beside the
+    busy engine, which runs with ``hardware.reference_cpus`` compare with theirs."""
     if isinstance(grid, str):
         grid_name, grid = grid_points(grid, args.device)
     else:
@@ -507,6 +513,11 @@ def run_profile(
         write_profile(path, {**header, **extra, **probe_headers(probes, rows)}, rows)
         return path
 
+    reference = ReferenceProbe(args, model, list(reference_cpus)) if reference_cpus else None
+    running = contextlib.ExitStack()
+    if reference is not None:
+        running.enter_context(reference)
+        reference.watch(executor)
     try:
         idle_probe = IdleProbe(args, executor)
         grid_start = time.perf_counter()
@@ -540,7 +551,11 @@ def run_profile(
         # replayed request at once instead of what is left of the card.
         if executor.device.type != "cpu" and replay_args.num_kv_blocks is None:
             replay_args.num_kv_blocks = replay_kv_blocks(replay_requests, args.block_size)
-        replay_engine, _, _ = build_engine(replay_args, model=model, weights=executor.model)
+        replay_engine, replay_executor, _ = build_engine(
+            replay_args, model=model, weights=executor.model
+        )
+        if reference is not None:
+            reference.watch(replay_executor)
         measure_replay(replay_engine, replay_requests, cfg.vocab_size, idle_probe, rows)
         # Then the engine idle, as between a trace's requests: the probe at its cadence.
         rows += idle_probe_rows(
@@ -552,10 +567,23 @@ def run_profile(
         why = "interrupted" if isinstance(e, KeyboardInterrupt) else f"failed ({e!r})"
         replayed = sum(r["grid"] == "replay" for r in rows)
         partial = f"{why} after {done} of {len(points)} grid points and {replayed} replay steps"
-        path = write(f"{name}.partial.csv", partial=partial)
+        running.close()
+        path = write(f"{name}.partial.csv", partial=partial, **reference_header(reference))
         print(f"profiler {partial}: wrote what it measured to {path}", flush=True)
         raise
-    return write(f"{name}.csv")
+    running.close()
+    return write(f"{name}.csv", **reference_header(reference))
+
+
+def reference_header(reference: ReferenceProbe | None) -> dict:
+    """The profile header's ``reference_probe_s`` (none without the reference)."""
+    if reference is None:
+        return {}
+    median, n = reference_summary(reference)
+    return {
+        "reference_probe_s": f"{median:.6g} (median of {n} samples beside the busy engine, "
+        f"of {len(reference.samples)}, on cores {reference.cpus})"
+    }
 
 
 def profile_header(

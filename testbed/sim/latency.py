@@ -95,7 +95,7 @@ class HardwareSpec:
 
     # Keys of a hardware config (conf/hardware/) that configure the real engine
     # on the device rather than describe it.
-    ENGINE_KEYS: ClassVar[tuple[str, ...]] = ("kv_cache_bytes", "threads", "cpus")
+    ENGINE_KEYS: ClassVar[tuple[str, ...]] = ("kv_cache_bytes", "threads", "cpus", "reference_cpus")
 
     @classmethod
     def from_config(cls, hardware: Mapping[str, Any]) -> HardwareSpec:

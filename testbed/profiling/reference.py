@@ -1,0 +1,156 @@
+"""A reference probe on another core: the machine's speed beside a run or a profile.
+
+On the 2-core VM both vCPUs slow down and speed up together: two copies of the
+idle-probe step looped on cores 0 and 1 for ten minutes followed each other to
+0.5% (rms, 5 s windows; correlation 0.99) while each wandered by 3.5-4% (CV).
+So a loop on a core the engine does not use measures the speed the engine's
+core has, at every moment of a run, without timing the run's own steps and
+without waiting for its idle gaps (``hardware.reference_cpus``).
+
+:class:`ReferenceProbe` runs that loop in a child process pinned to the
+reference cores: the :class:`~testbed.profiling.profiler.IdleProbe` step on the
+engine's model, repeated back to back, each execution timed on the system-wide
+monotonic clock (``time.perf_counter``). The parent records when its own engine
+was executing (:meth:`ReferenceProbe.watch`), so that the samples are read
+beside a busy engine only (:func:`busy_cover`): the engine's own work slows the
+reference a little (cache and memory traffic), and a run at 70% load is busy
+for part of the time where the profiler is busy throughout.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+BUSY_COVER = 0.9  # a sample counts as beside a busy engine when at least this much of it was
+READY_TIMEOUT_S = 600.0  # the child builds an engine; on a slow VM that can take minutes
+
+
+def _loop(args, model, cpus: list[int], ready, stop, conn) -> None:
+    """The child: build the engine pinned to ``cpus``, then time the probe step
+    back to back until ``stop``; send (end time, seconds) rows."""
+    from testbed.engine.llm import build_engine
+    from testbed.profiling.profiler import IdleProbe
+
+    args = replace(args, cpus=list(cpus), threads=1, enable_prefix_caching=False, num_kv_blocks=64)
+    _, executor, _ = build_engine(args, model=model)
+    probe = IdleProbe(args, executor)
+    ready.set()
+    rows: list[tuple[float, float]] = []
+    while not stop.is_set():
+        seconds = probe.measure()
+        rows.append((time.perf_counter(), seconds))
+    conn.send(np.asarray(rows, dtype=float).reshape(-1, 2))
+    conn.close()
+
+
+class ReferenceProbe:
+    """``with ReferenceProbe(args, model, cpus) as ref: ...`` runs the reference
+    loop for the block's duration; afterwards ``ref.samples`` holds (end time,
+    seconds) rows on ``time.perf_counter``'s clock and ``ref.busy`` the
+    intervals the watched executors were executing (:meth:`watch`)."""
+
+    def __init__(self, args, model, cpus: Sequence[int]) -> None:
+        if not cpus:
+            raise ValueError("hardware.reference_cpus: give at least one core number")
+        if args.cpus is not None and set(cpus) & set(args.cpus):
+            raise ValueError(
+                f"hardware.reference_cpus={list(cpus)} overlaps hardware.cpus={list(args.cpus)}: "
+                "the reference must run on cores the engine does not use"
+            )
+        self.args, self.model, self.cpus = args, model, [int(c) for c in cpus]
+        self.samples = np.zeros((0, 2))
+        self.busy: list[tuple[float, float]] = []
+        self._proc = None
+
+    def watch(self, executor) -> None:
+        """Record every ``executor.execute`` call's interval in :attr:`busy`."""
+        execute = executor.execute
+
+        def timed(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return execute(*a, **k)
+            finally:
+                self.busy.append((t0, time.perf_counter()))
+
+        executor.execute = timed
+
+    def __enter__(self) -> ReferenceProbe:
+        ctx = mp.get_context("spawn")
+        self._ready, self._stop = ctx.Event(), ctx.Event()
+        self._conn, child = ctx.Pipe(duplex=False)
+        self._proc = ctx.Process(
+            target=_loop,
+            args=(self.args, self.model, self.cpus, self._ready, self._stop, child),
+            daemon=True,
+        )
+        self._proc.start()
+        child.close()
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not self._ready.wait(1.0):
+            if not self._proc.is_alive() or time.monotonic() > deadline:
+                self._proc.kill()
+                raise RuntimeError(
+                    f"reference probe on cores {self.cpus} did not start "
+                    f"(exit code {self._proc.exitcode})"
+                )
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._conn.poll(60.0):
+            self.samples = self._conn.recv()
+        self._proc.join(10.0)
+        if self._proc.is_alive():
+            self._proc.kill()
+
+
+def busy_cover(samples: np.ndarray, busy: Sequence[tuple[float, float]]) -> np.ndarray:
+    """For each sample (end time, seconds), the fraction of its interval during
+    which one of the ``busy`` intervals (sorted, not overlapping) was running."""
+    if not len(samples):
+        return np.zeros(0)
+    if not busy:
+        return np.zeros(len(samples))
+    b = np.asarray(busy, dtype=float)
+    # Busy time elapsed up to each boundary: a piecewise-linear, non-decreasing function.
+    widths = b[:, 1] - b[:, 0]
+    before = np.concatenate([[0.0], np.cumsum(widths)[:-1]])
+    x = np.column_stack([b[:, 0], b[:, 1]]).ravel()
+    y = np.column_stack([before, before + widths]).ravel()
+    end, seconds = samples[:, 0], samples[:, 1]
+    covered = np.interp(end, x, y) - np.interp(end - seconds, x, y)
+    return np.clip(covered / np.maximum(seconds, 1e-12), 0.0, 1.0)
+
+
+def beside_busy(samples: np.ndarray, busy: Sequence[tuple[float, float]]) -> np.ndarray:
+    """The samples taken while the engine was busy (:data:`BUSY_COVER`)."""
+    return samples[busy_cover(samples, busy) >= BUSY_COVER]
+
+
+def reference_summary(ref: ReferenceProbe) -> tuple[float, int]:
+    """(median seconds of the samples beside a busy engine, their number); NaN, 0
+    where there are none."""
+    busy = beside_busy(ref.samples, ref.busy)
+    if not len(busy):
+        return float("nan"), 0
+    return float(statistics.median(busy[:, 1])), len(busy)
+
+
+def write_samples(ref: ReferenceProbe, path: Path, origin: float) -> Path:
+    """``reference_probe.csv``: every sample with its end time in seconds from
+    ``origin`` (a perf_counter reading: the run's clock zero), its seconds and the
+    fraction of it beside the busy engine."""
+    cover = busy_cover(ref.samples, ref.busy)
+    with open(path, "w") as f:
+        f.write("time_s,probe_s,busy\n")
+        for (t, s), c in zip(ref.samples, cover, strict=True):
+            f.write(f"{t - origin:.6f},{s:.6g},{c:.3f}\n")
+    return path
