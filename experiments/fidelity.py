@@ -407,19 +407,43 @@ def run_speed_trace(steps: pd.DataFrame, width_s: float = TRACE_WINDOW_S) -> Spe
     return SpeedTrace.from_windows(width_s, filled.fillna(own_speed(step_errors(steps))).tolist())
 
 
-def reference_speed_trace(run: Path, profiled: float, width_s: float = TRACE_WINDOW_S):
-    """A real run's reference probe (``reference_probe.csv``, samples beside the busy
-    engine) window by window over the profile's (``profiled`` seconds) as the
-    simulator's speed trace; where a window has no such sample, the previous
-    window's (the first: the run's median), as :func:`run_speed_trace`."""
+def reference_windows(run: Path, profiled: float, width_s: float) -> pd.Series:
+    """A real run's reference probe (``reference_probe.csv``) over the profile's
+    (``profiled`` seconds), window by window (indexed by the window's number from
+    0): the median of the samples beside the busy engine; windows without one are
+    left out, as :func:`windows` leaves out those without a step."""
     samples = pd.read_csv(run / "reference_probe.csv")
     busy = samples[samples["busy"] >= BUSY_COVER]
-    if busy.empty:
+    return busy.groupby((busy["time_s"] // width_s).astype(int))["probe_s"].median() / profiled
+
+
+def reference_speed_trace(run: Path, profiled: float, width_s: float = TRACE_WINDOW_S):
+    """:func:`reference_windows` as the simulator's speed trace, as
+    :func:`run_speed_trace` does with the run's own windows: where a window has no
+    sample, the previous window's (the first: the run's median over the profile's,
+    ``reference_probe_s`` in its metrics). None where no sample was beside a busy step."""
+    speeds = reference_windows(run, profiled, width_s)
+    if speeds.empty:
         return None
-    speeds = busy.groupby((busy["time_s"] // width_s).astype(int))["probe_s"].median() / profiled
     filled = speeds.reindex(range(max(int(speeds.index.max()), 0) + 1)).ffill()
-    first = busy["probe_s"].median() / profiled
+    first = read_metrics(run)["reference_probe_s"] / profiled
     return SpeedTrace.from_windows(width_s, filled.fillna(first).tolist())
+
+
+def reference_tracking(run: Path, steps: pd.DataFrame, profiled: float) -> dict:
+    """How closely a run's reference probe followed its own speed: the run's
+    factor (``reference_probe_s`` over the profile's) and the rms of reference over
+    own speed - 1 across its :data:`WINDOW_S` windows (``steps``: its
+    :func:`busy_steps`). Empty without a reference."""
+    if not (run / "reference_probe.csv").exists() or not np.isfinite(profiled):
+        return {}
+    ref = reference_windows(run, profiled, WINDOW_S)
+    both = pd.concat([ref, windows(steps, WINDOW_S)], axis=1, keys=["ref", "own"]).dropna()
+    rms = float(np.sqrt(((both["ref"] / both["own"] - 1) ** 2).mean())) if len(both) else np.nan
+    return dict(
+        reference_speed=read_metrics(run).get("reference_probe_s", np.nan) / profiled,
+        reference_window_rms=rms,
+    )
 
 
 def cv(values: np.ndarray) -> float:
@@ -427,11 +451,20 @@ def cv(values: np.ndarray) -> float:
     return float(values.std() / values.mean()) if len(values) else float("nan")
 
 
-def run_speeds(ran: list[tuple[str, str, Path]], predicted: dict, own: dict, around: dict):
+def run_speeds(
+    ran: list[tuple[str, str, Path]],
+    predicted: dict,
+    own: dict,
+    around: dict,
+    profiled: dict | None = None,
+):
     """``run_speeds.csv``: every real run (``ran``: trace, policy, folder) in the
-    order it ran, with its :func:`own_speed`, its :func:`neighbour_speeds` and the
+    order it ran, with its :func:`own_speed`, its :func:`neighbour_speeds`, the
     :func:`cv` of its :func:`window_speeds` (``predicted``: each run's
-    :func:`busy_steps`; ``own``, ``around``: each run's speeds)."""
+    :func:`busy_steps`; ``own``, ``around``: each run's speeds) and, where it ran
+    with the reference probe, :func:`reference_tracking` (``profiled``: the
+    profile's ``reference_probe_s`` per run)."""
+    profiled = profiled or {}
     rows = []
     for i, (trace, policy, run) in enumerate(ran):
         stretches = window_speeds(predicted[run])
@@ -445,6 +478,7 @@ def run_speeds(ran: list[tuple[str, str, Path]], predicted: dict, own: dict, aro
                 neighbours_speed=around[run],
                 windows=len(stretches),
                 window_cv=cv(stretches),
+                **reference_tracking(run, predicted[run], profiled.get(run, np.nan)),
             )
         )
     return pd.DataFrame(rows)
@@ -459,17 +493,22 @@ def speed_summary(speeds: pd.DataFrame) -> pd.DataFrame:
     for trace, g in speeds.groupby("trace", sort=False):
         own = g.sort_values("order")["own_speed"].to_numpy(float)
         change = np.abs(np.diff(own)).mean() / own.mean() if len(own) > 1 else np.nan
-        rows.append(
-            dict(
-                trace=trace,
-                runs=len(own),
-                own_min=own.min(),
-                own_max=own.max(),
-                own_cv=cv(own),
-                adjacent_change=change,
-                within_run_cv=g["window_cv"].mean(),
-            )
+        row = dict(
+            trace=trace,
+            runs=len(own),
+            own_min=own.min(),
+            own_max=own.max(),
+            own_cv=cv(own),
+            adjacent_change=change,
+            within_run_cv=g["window_cv"].mean(),
         )
+        if "reference_speed" in g and g["reference_speed"].notna().any():
+            ratio = g["reference_speed"] / g["own_speed"] - 1
+            row.update(
+                reference_rms=float(np.sqrt((ratio**2).mean())),
+                reference_window_rms=g["reference_window_rms"].mean(),
+            )
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -482,6 +521,10 @@ def speeds_markdown(summary: pd.DataFrame) -> str:
         + [f"{r['own_cv']:.1%}", f"{r['adjacent_change']:.1%}", f"{r['within_run_cv']:.1%}"]
         for _, r in summary.iterrows()
     ]
+    if "reference_rms" in summary:  # the reference probe against the runs' own speed
+        columns += ["reference / own speed - 1, rms: per run", f"per {WINDOW_S:.0f} s"]
+        for row, (_, r) in zip(rows, summary.iterrows(), strict=True):
+            row += [f"{r['reference_rms']:.1%}", f"{r['reference_window_rms']:.1%}"]
     return markdown_table(columns, rows, left=1)
 
 
@@ -1052,7 +1095,12 @@ def main() -> None:
     own_of = {run: own_speed(step_errors(predicted_of[run])) for _, _, run in ran}
     around = neighbour_speeds([(t, p) for t, p, _ in ran], [own_of[run] for _, _, run in ran])
     around_of = dict(zip([run for _, _, run in ran], around, strict=True))
-    speeds = run_speeds(ran, predicted_of, own_of, around_of)
+    profiled_of = {}  # the profile's reference probe, for the runs that ran one
+    for t, p, run in ran:
+        value = getattr(models[t, p], "header", {}).get("reference_probe_s")
+        if value is not None and (run / "reference_probe.csv").exists():
+            profiled_of[run] = float(value.split()[0])
+    speeds = run_speeds(ran, predicted_of, own_of, around_of, profiled_of)
     rows, pairs = [], []
     by_trace: dict[str, dict[str, PairRuns]] = {}
     by_size: dict[str, list[pd.DataFrame]] = {}  # trace: its real runs' busy_steps

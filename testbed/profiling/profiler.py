@@ -667,7 +667,7 @@ def merge_profiles(paths: list[Path], out: Path) -> Path:
         date=f"{headers[0].get('date', '?')} to {headers[-1].get('date', '?')}",
         pass_dates=", ".join(h.get("date", "?") for h in headers),
     )
-    for key in ("speed_probe_s", "idle_probe_s"):  # the passes' mean
+    for key in ("speed_probe_s", "idle_probe_s", "reference_probe_s"):  # the passes' mean
         probes = [float(h[key].split()[0]) for h in headers if key in h]
         if len(probes) == len(headers):
             listed = ", ".join(f"{p:.6g}" for p in probes)

@@ -59,6 +59,14 @@ class ReferenceProbe:
     def __init__(self, args, model, cpus: Sequence[int]) -> None:
         if not cpus:
             raise ValueError("hardware.reference_cpus: give at least one core number")
+        from testbed.engine.llm import pick_device
+
+        device = pick_device(args.device)
+        if device.type != "cpu":
+            raise ValueError(
+                f"hardware.reference_cpus: the reference probe follows a CPU engine's "
+                f"machine; this engine runs on {device}"
+            )
         if args.cpus is not None and set(cpus) & set(args.cpus):
             raise ValueError(
                 f"hardware.reference_cpus={list(cpus)} overlaps hardware.cpus={list(args.cpus)}: "

@@ -16,6 +16,7 @@ own speed.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,8 @@ from experiments.fidelity import busy_steps, capacity, compare, scaled_errors, s
 from testbed.runner import latency_model
 from testbed.sim.speed import SpeedTrace
 from tests.sim.test_runs import ROOT, compose_cfg, run_from_config
+
+CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
 
 SHORT = [
     "hardware=cpu1",
@@ -211,28 +214,46 @@ def test_fidelity_script_end_to_end_then_reanalysed_from_its_real_runs(
     assert 1 + passes["pass_err_tpot_s_mean"] == pytest.approx(expected, rel=1e-5)
 
 
+def write_probe_profile(profiles: Path, header: dict) -> None:
+    """The committed CPU profile's rows under ``profiles`` with ``header``."""
+    from testbed.profiling.profiler import write_profile
+
+    committed = ROOT / "profiles" / "cpu" / "dummy-llama.csv"
+    write_profile(profiles / "cpu" / "dummy-llama.csv", header, pd.read_csv(committed, comment="#"))
+
+
+def run_with_probe(tmp_path, monkeypatch, key: str, value: str, options: list, extra: list):
+    """fidelity.py on 12 synthetic requests (fcfs), the committed profile's header
+    recording the probe ``key`` as ``value``: (its fidelity.csv row, its runs
+    folder, its argv, the header)."""
+    from experiments import fidelity
+    from testbed.sim.latency import read_profile_header
+
+    header = read_profile_header(ROOT / "profiles" / "cpu" / "dummy-llama.csv")
+    header[key] = value
+    profiles = tmp_path / "profiles"
+    write_probe_profile(profiles, header)
+    argv = ["fidelity.py", "--policies", "fcfs", "--traces", "synthetic", *options]
+    argv += ["--num-requests", "12", "--wandb", "disabled", "--out", str(tmp_path / "out")]
+    argv += ["--runs", str(tmp_path / "runs"), "--extra", f"profiles_dir={profiles}", *extra]
+    monkeypatch.setattr("sys.argv", argv)
+    fidelity.main()
+    (runs,) = (tmp_path / "runs").iterdir()
+    return pd.read_csv(tmp_path / "out" / "fidelity.csv").iloc[0], runs, argv, header
+
+
 def test_fidelity_script_scales_the_simulation_by_the_idle_probe(tmp_path, monkeypatch):
     """--idle-probe: the real run samples the machine's speed between requests, and
     the pair is also simulated with every step scaled by that sample's ratio to the
     profile's (a profile that records no idle probe is refused with its name)."""
     from experiments import fidelity
-    from testbed.profiling.profiler import write_profile
-    from testbed.sim.latency import read_profile_header
 
-    committed = fidelity.ROOT / "profiles" / "cpu" / "dummy-llama.csv"
-    header = read_profile_header(committed)
-    profiles = tmp_path / "profiles"
-    argv = ["fidelity.py", "--policies", "fcfs", "--traces", "synthetic", "--idle-probe"]
-    argv += ["--num-requests", "12", "--wandb", "disabled", "--out", str(tmp_path / "out")]
-    argv += ["--runs", str(tmp_path / "runs"), "--extra", f"profiles_dir={profiles}"]
-    argv += ["trace.rate=3"]  # gaps between requests, where the probe samples
     reference = 0.02  # seconds: the profile's idle probe, as if measured so
-    header["idle_probe_s"] = f"{reference} (median of 10 samples)"
-    write_profile(profiles / "cpu" / "dummy-llama.csv", header, pd.read_csv(committed, comment="#"))
-    monkeypatch.setattr("sys.argv", argv)
-    fidelity.main()
-    row = pd.read_csv(tmp_path / "out" / "fidelity.csv").iloc[0]
-    (runs,) = (tmp_path / "runs").iterdir()
+    # trace.rate=3: gaps between requests, where the probe samples
+    row, runs, argv, header = run_with_probe(
+        tmp_path, monkeypatch, "idle_probe_s", f"{reference} (median of 10 samples)",
+        ["--idle-probe"], ["trace.rate=3"],
+    )  # fmt: skip
     real = json.loads((runs / "synthetic" / "fcfs-real" / "metrics.json").read_text())
     assert real["idle_probe_samples"] > 0
     assert row["idle_probe_s"] == pytest.approx(real["idle_probe_s"], rel=1e-5)
@@ -242,9 +263,70 @@ def test_fidelity_script_scales_the_simulation_by_the_idle_probe(tmp_path, monke
     assert {"idle_err_tpot_s_mean", "idle_err_e2e_s_mean"} <= set(row.index)
     # Without the probe in the profile, the option names what is missing.
     del header["idle_probe_s"]
-    write_profile(profiles / "cpu" / "dummy-llama.csv", header, pd.read_csv(committed, comment="#"))
+    write_probe_profile(tmp_path / "profiles", header)
     monkeypatch.setattr("sys.argv", [*argv, "--reuse", str(runs)])
     with pytest.raises(SystemExit, match="records no idle_probe_s"):
+        fidelity.main()
+
+
+def test_a_reference_probes_speed_trace_uses_busy_samples_and_fills_gaps(tmp_path):
+    from experiments.fidelity import reference_speed_trace
+
+    run = tmp_path / "run"
+    run.mkdir()
+    pd.DataFrame(
+        dict(
+            time_s=[12.0, 13.0, 14.0, 15.0, 31.0, 35.0],
+            probe_s=[0.022, 0.024, 0.030, 0.018, 0.019, 0.021],
+            busy=[1.0, 1.0, 0.2, 1.0, 0.95, 1.0],  # the 0.030 sample is left out
+        )
+    ).to_csv(run / "reference_probe.csv", index=False)
+    (run / "metrics.json").write_text(json.dumps({"reference_probe_s": 0.021}))
+    trace = reference_speed_trace(run, profiled=0.02, width_s=10.0)
+    # 10-20 s: median of 0.022, 0.024, 0.018; 0-10 s: the run's median (0.021).
+    assert trace.starts == [0.0, 10.0, 20.0, 30.0]
+    assert trace.speeds == pytest.approx([1.05, 1.1, 1.1, 1.0])
+    pd.DataFrame(dict(time_s=[1.0], probe_s=[0.02], busy=[0.5])).to_csv(
+        run / "reference_probe.csv", index=False
+    )
+    assert reference_speed_trace(run, profiled=0.02) is None  # nothing beside a busy engine
+
+
+@pytest.mark.skipif(
+    len(CORES) < 2, reason="the reference probe needs a second core (Linux affinity)"
+)
+def test_fidelity_script_scales_the_simulation_by_the_reference_probe(tmp_path, monkeypatch):
+    """hardware.reference_cpus: the real run records a loop on another core beside
+    its busy steps; the pair is also simulated with every step scaled by that
+    loop's median over the profile's, and by its windows (a profile that records
+    no reference is refused with its name)."""
+    from experiments import fidelity
+
+    profiled = 0.02  # seconds: the profile's reference probe, as if measured so
+    machine = [f"hardware.cpus=[{CORES[-1]}]", f"hardware.reference_cpus=[{CORES[0]}]"]
+    row, runs, argv, header = run_with_probe(
+        tmp_path, monkeypatch, "reference_probe_s",
+        f"{profiled} (median of 10 samples beside the busy engine)",
+        [], [*machine, "trace.rate=3", "hardware.threads=1"],
+    )  # fmt: skip
+    real = json.loads((runs / "synthetic" / "fcfs-real" / "metrics.json").read_text())
+    assert real["reference_probe_samples"] > 0
+    factor = real["reference_probe_s"] / profiled
+    assert row["reference_speed_factor"] == pytest.approx(factor, rel=1e-5)
+    scaled = json.loads((runs / "synthetic" / "fcfs-sim-reference" / "metrics.json").read_text())
+    assert scaled["latency_scale"] == pytest.approx(factor, rel=1e-5)
+    windows = runs / "synthetic" / "fcfs-sim-reference-windows-1.csv"
+    assert SpeedTrace.from_csv(windows).speeds  # the run's windows, as a speed trace
+    assert {"ref_err_e2e_s_mean", "refwin_err_e2e_s_mean"} <= set(row.index)
+    # run_speeds.csv: the reference's factor beside the run's own speed.
+    speeds = pd.read_csv(tmp_path / "out" / "run_speeds.csv").iloc[0]
+    assert speeds["reference_speed"] == pytest.approx(factor, rel=1e-5)
+    assert speeds["reference_window_rms"] >= 0
+    assert "reference / own speed - 1" in (tmp_path / "out" / "fidelity.md").read_text()
+    del header["reference_probe_s"]
+    write_probe_profile(tmp_path / "profiles", header)
+    monkeypatch.setattr("sys.argv", [*argv, "--reuse", str(runs)])
+    with pytest.raises(SystemExit, match="records no reference_probe_s"):
         fidelity.main()
 
 
