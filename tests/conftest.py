@@ -23,3 +23,18 @@ def _wandb_in_tmp(tmp_path_factory):
     os.environ["WANDB_MODE"] = "offline"
     os.environ["WANDB_SILENT"] = "true"
     yield
+
+
+@pytest.fixture(autouse=True)
+def _restore_cores_and_threads():
+    """A test that runs the engine with ``hardware.cpus`` or ``threads`` pins this
+    process and sets torch's threads; the next test gets them back as they were."""
+    import torch
+
+    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    threads = torch.get_num_threads()
+    yield
+    if cores is not None and os.sched_getaffinity(0) != cores:
+        os.sched_setaffinity(0, cores)
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)

@@ -20,6 +20,7 @@ for part of the time where the profiler is busy throughout.
 from __future__ import annotations
 
 import multiprocessing as mp
+import signal
 import statistics
 import time
 from collections.abc import Sequence
@@ -38,6 +39,9 @@ def _loop(args, model, cpus: list[int], ready, stop, conn) -> None:
     from testbed.engine.llm import build_engine
     from testbed.profiling.profiler import IdleProbe
 
+    # Ctrl-C reaches the whole process group: the parent stops the loop (and
+    # keeps its samples) when its own run ends, interrupted or not.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     args = replace(args, cpus=list(cpus), threads=1, enable_prefix_caching=False, num_kv_blocks=64)
     _, executor, _ = build_engine(args, model=model)
     probe = IdleProbe(args, executor)
@@ -113,8 +117,11 @@ class ReferenceProbe:
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
-        if self._conn.poll(60.0):
-            self.samples = self._conn.recv()
+        try:
+            if self._conn.poll(60.0):
+                self.samples = self._conn.recv()
+        except EOFError:  # the loop died without sending: no samples, said by the caller
+            pass
         self._proc.join(10.0)
         if self._proc.is_alive():
             self._proc.kill()
