@@ -2,19 +2,24 @@
 
 On the 2-core VM both vCPUs slow down and speed up together: two copies of the
 idle-probe step looped on cores 0 and 1 for ten minutes followed each other to
-0.5% (rms, 5 s windows; correlation 0.99) while each wandered by 3.5-4% (CV).
-So a loop on a core the engine does not use measures the speed the engine's
-core has, at every moment of a run, without timing the run's own steps and
-without waiting for its idle gaps (``hardware.reference_cpus``).
+0.5% (rms, 5-60 s windows; correlation 0.99) while each wandered by 3.3-4% (CV).
+So a loop on a core the engine does not use can say how fast the engine's core
+runs at every moment of a run, without timing the run's own steps and without
+waiting for its idle gaps (``hardware.reference_cpus``). Not always: in a
+fidelity experiment on a noisier day the engine's core ran 2.6-8.9% slower than
+the reference said in 7 of 8 runs (experiments/results/fidelity_cpu1_reference/),
+so some of the host's contention falls on one vCPU alone.
 
 :class:`ReferenceProbe` runs that loop in a child process pinned to the
 reference cores: the :class:`~testbed.profiling.profiler.IdleProbe` step on the
 engine's model, repeated back to back, each execution timed on the system-wide
 monotonic clock (``time.perf_counter``). The parent records when its own engine
 was executing (:meth:`ReferenceProbe.watch`), so that the samples are read
-beside a busy engine only (:func:`busy_cover`): the engine's own work slows the
-reference a little (cache and memory traffic), and a run at 70% load is busy
-for part of the time where the profiler is busy throughout.
+beside a busy engine only (:func:`busy_cover`): a run at 70% load is busy for
+part of the time where the profiler is busy throughout, and although load on the
+engine's core moved the reference by at most 0.3% on average on the 2-core VM
+(idle against decode batches up to 8 x 1,500 tokens), a machine whose cores
+share more (hyperthreads of one core) would show it.
 """
 
 from __future__ import annotations
