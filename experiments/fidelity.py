@@ -114,7 +114,7 @@ from testbed.profiling.profiler import (  # noqa: E402
     probe_engine,
     speed_probe,
 )
-from testbed.profiling.reference import BUSY_COVER  # noqa: E402
+from testbed.profiling.reference import beside_busy  # noqa: E402
 from testbed.report.wandb_log import log_experiment  # noqa: E402
 from testbed.runner import engine_args, latency_model, real_model, run_from_config  # noqa: E402
 from testbed.signals import interrupt_on_sigterm  # noqa: E402
@@ -402,9 +402,14 @@ def run_speed_trace(steps: pd.DataFrame, width_s: float = TRACE_WINDOW_S) -> Spe
     (``mode.speed_trace``): one row per ``width_s`` seconds from 0, the
     :func:`windows` speed, where no step started the previous window's (the
     first: the run's :func:`own_speed`)."""
-    speeds = windows(steps, width_s)
+    return window_trace(windows(steps, width_s), own_speed(step_errors(steps)), width_s)
+
+
+def window_trace(speeds: pd.Series, first: float, width_s: float) -> SpeedTrace:
+    """Speeds by window number (some windows missing) as a speed trace from 0: a
+    missing window takes the previous one's factor, the first ``first``."""
     filled = speeds.reindex(range(int(speeds.index.max()) + 1)).ffill()
-    return SpeedTrace.from_windows(width_s, filled.fillna(own_speed(step_errors(steps))).tolist())
+    return SpeedTrace.from_windows(width_s, filled.fillna(first).tolist())
 
 
 def reference_windows(run: Path, profiled: float, width_s: float) -> pd.Series:
@@ -412,8 +417,7 @@ def reference_windows(run: Path, profiled: float, width_s: float) -> pd.Series:
     (``profiled`` seconds), window by window (indexed by the window's number from
     0): the median of the samples beside the busy engine; windows without one are
     left out, as :func:`windows` leaves out those without a step."""
-    samples = pd.read_csv(run / "reference_probe.csv")
-    busy = samples[samples["busy"] >= BUSY_COVER]
+    busy = beside_busy(pd.read_csv(run / "reference_probe.csv"))
     return busy.groupby((busy["time_s"] // width_s).astype(int))["probe_s"].median() / profiled
 
 
@@ -425,9 +429,7 @@ def reference_speed_trace(run: Path, profiled: float, width_s: float = TRACE_WIN
     speeds = reference_windows(run, profiled, width_s)
     if speeds.empty:
         return None
-    filled = speeds.reindex(range(max(int(speeds.index.max()), 0) + 1)).ffill()
-    first = read_metrics(run)["reference_probe_s"] / profiled
-    return SpeedTrace.from_windows(width_s, filled.fillna(first).tolist())
+    return window_trace(speeds, read_metrics(run)["reference_probe_s"] / profiled, width_s)
 
 
 def reference_tracking(run: Path, steps: pd.DataFrame, profiled: float) -> dict:
@@ -1095,11 +1097,11 @@ def main() -> None:
     own_of = {run: own_speed(step_errors(predicted_of[run])) for _, _, run in ran}
     around = neighbour_speeds([(t, p) for t, p, _ in ran], [own_of[run] for _, _, run in ran])
     around_of = dict(zip([run for _, _, run in ran], around, strict=True))
-    profiled_of = {}  # the profile's reference probe, for the runs that ran one
-    for t, p, run in ran:
-        value = getattr(models[t, p], "header", {}).get("reference_probe_s")
-        if value is not None and (run / "reference_probe.csv").exists():
-            profiled_of[run] = float(value.split()[0])
+    profiled_of = {  # the profile's reference probe, for the runs that ran one
+        run: profile_probe(models[t, p], "reference_probe_s", "hardware.reference_cpus")
+        for t, p, run in ran
+        if (run / "reference_probe.csv").exists()
+    }
     speeds = run_speeds(ran, predicted_of, own_of, around_of, profiled_of)
     rows, pairs = [], []
     by_trace: dict[str, dict[str, PairRuns]] = {}

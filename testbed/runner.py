@@ -239,21 +239,27 @@ def run_real(cfg: DictConfig, requests) -> tuple[Any, dict[str, Any]]:
         from testbed.profiling.profiler import IdleProbe
 
         probe = IdleProbe(args, executor)
-    reference, running = None, contextlib.ExitStack()
+    reference = None
     if cfg.hardware.get("reference_cpus"):
         from testbed.profiling.reference import ReferenceProbe
 
         reference = ReferenceProbe(args, real_model(cfg), list(cfg.hardware.reference_cpus))
-        running.enter_context(reference)
-        reference.watch(executor)
     progress = Progress(len(requests), cfg.progress)
     try:
-        result = replay(engine, requests, progress, cfg.mode.get("max_wall_s"), idle_probe=probe)
+        with reference or contextlib.nullcontext():
+            result = replay(
+                engine, requests, progress, cfg.mode.get("max_wall_s"), idle_probe=probe
+            )
     finally:
         progress.close()
-        running.close()
-    if reference is not None:
-        result.extra["reference_probe"] = (reference, engine.clock.origin)
+    if reference is not None:  # its samples, each beside how much of the run's steps
+        import numpy as np
+
+        from testbed.profiling.reference import sample_table
+
+        start = result.steps.column("start_s")
+        busy = np.column_stack([start, start + result.steps.column("latency_s")])
+        result.extra["reference_probe"] = sample_table(reference.samples, busy, engine.clock.origin)
     kv = engine.scheduler.kv
     extra = {
         "latency_model": "measured",
@@ -280,14 +286,14 @@ def idle_probe_metrics(samples: list[tuple[float, float]] | None) -> dict[str, A
     }
 
 
-def reference_metrics(record) -> dict[str, Any]:
-    """metrics.json's summary of the reference probe (none without it): its median
-    beside the busy engine (``testbed.profiling.reference``)."""
-    if record is None:
+def reference_metrics(table) -> dict[str, Any]:
+    """metrics.json's summary of the reference probe's samples (none without it):
+    their median beside the busy engine (``testbed.profiling.reference``)."""
+    if table is None:
         return {}
-    from testbed.profiling.reference import reference_summary
+    from testbed.profiling.reference import busy_median
 
-    median, n = reference_summary(record[0])
+    median, n = busy_median(table)
     return {"reference_probe_s": median, "reference_probe_samples": n}
 
 
@@ -355,10 +361,9 @@ def run_from_config(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[
     if result.extra.get("idle_probe") is not None:
         write_idle_probe(run_dir, result.extra["idle_probe"])
     if result.extra.get("reference_probe") is not None:
-        from testbed.profiling.reference import write_samples
-
-        reference, origin = result.extra["reference_probe"]
-        write_samples(reference, Path(run_dir) / "reference_probe.csv", origin)
+        result.extra["reference_probe"].to_csv(
+            Path(run_dir) / "reference_probe.csv", index=False, float_format="%.6g"
+        )
     plots = (
         write_plots(run_dir, req_df, result.steps, f"{cfg.policy.name} on {cfg.trace.name}")
         if cfg.plots

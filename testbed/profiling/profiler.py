@@ -26,7 +26,7 @@ import torch
 
 from testbed.core import Request, SamplingParams
 from testbed.engine.llm import EngineArgs, build_engine, pick_device
-from testbed.profiling.reference import ReferenceProbe, reference_summary
+from testbed.profiling.reference import ReferenceProbe, busy_median, sample_table
 from testbed.sim.latency import FEATURES, ProfileModel, read_profile_header, step_features
 
 DECODE_BATCHES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 32, 64)
@@ -579,7 +579,7 @@ def reference_header(reference: ReferenceProbe | None) -> dict:
     """The profile header's ``reference_probe_s`` (none without the reference)."""
     if reference is None:
         return {}
-    median, n = reference_summary(reference)
+    median, n = busy_median(sample_table(reference.samples, reference.busy))
     return {
         "reference_probe_s": f"{median:.6g} (median of {n} samples beside the busy engine, "
         f"of {len(reference.samples)}, on cores {reference.cpus})"

@@ -13,9 +13,10 @@ so some of the host's contention falls on one vCPU alone.
 :class:`ReferenceProbe` runs that loop in a child process pinned to the
 reference cores: the :class:`~testbed.profiling.profiler.IdleProbe` step on the
 engine's model, repeated back to back, each execution timed on the system-wide
-monotonic clock (``time.perf_counter``). The parent records when its own engine
-was executing (:meth:`ReferenceProbe.watch`), so that the samples are read
-beside a busy engine only (:func:`busy_cover`): a run at 70% load is busy for
+monotonic clock (``time.perf_counter``). The samples are read beside a busy
+engine only (:func:`busy_cover`): a real run knows its busy time from its own
+step log; the profiler, which also steps its engines outside a replay, records
+when its executors executed (:meth:`ReferenceProbe.watch`). A run at 70% load is busy for
 part of the time where the profiler is busy throughout, and although load on the
 engine's core moved the reference by at most 0.3% on average on the 2-core VM
 (idle against decode batches up to 8 x 1,500 tokens), a machine whose cores
@@ -26,13 +27,12 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import signal
-import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 BUSY_COVER = 0.9  # a sample counts as beside a busy engine when at least this much of it was
 READY_TIMEOUT_S = 600.0  # the child builds an engine; on a slow VM that can take minutes
@@ -63,7 +63,8 @@ class ReferenceProbe:
     """``with ReferenceProbe(args, model, cpus) as ref: ...`` runs the reference
     loop for the block's duration; afterwards ``ref.samples`` holds (end time,
     seconds) rows on ``time.perf_counter``'s clock and ``ref.busy`` the
-    intervals the watched executors were executing (:meth:`watch`)."""
+    intervals the watched executors were executing (:meth:`watch`: the profiler's;
+    a real run takes them from its step log instead)."""
 
     def __init__(self, args, model, cpus: Sequence[int]) -> None:
         if not cpus:
@@ -137,7 +138,7 @@ def busy_cover(samples: np.ndarray, busy: Sequence[tuple[float, float]]) -> np.n
     which one of the ``busy`` intervals (sorted, not overlapping) was running."""
     if not len(samples):
         return np.zeros(0)
-    if not busy:
+    if not len(busy):
         return np.zeros(len(samples))
     b = np.asarray(busy, dtype=float)
     # Busy time elapsed up to each boundary: a piecewise-linear, non-decreasing function.
@@ -150,27 +151,27 @@ def busy_cover(samples: np.ndarray, busy: Sequence[tuple[float, float]]) -> np.n
     return np.clip(covered / np.maximum(seconds, 1e-12), 0.0, 1.0)
 
 
-def beside_busy(samples: np.ndarray, busy: Sequence[tuple[float, float]]) -> np.ndarray:
-    """The samples taken while the engine was busy (:data:`BUSY_COVER`)."""
-    return samples[busy_cover(samples, busy) >= BUSY_COVER]
+def sample_table(
+    samples: np.ndarray, busy: Sequence[tuple[float, float]], origin: float = 0.0
+) -> pd.DataFrame:
+    """``reference_probe.csv``: every sample (end time, seconds) with its end time
+    from ``origin`` (a perf_counter reading: a run's clock zero), its seconds and
+    the fraction of it beside the busy engine (``busy``: intervals on the same
+    clock as the times, after ``origin`` is taken off)."""
+    samples = np.asarray(samples, dtype=float).reshape(-1, 2)
+    on_clock = np.column_stack([samples[:, 0] - origin, samples[:, 1]])
+    return pd.DataFrame(
+        dict(time_s=on_clock[:, 0], probe_s=on_clock[:, 1], busy=busy_cover(on_clock, busy))
+    )
 
 
-def reference_summary(ref: ReferenceProbe) -> tuple[float, int]:
-    """(median seconds of the samples beside a busy engine, their number); NaN, 0
-    where there are none."""
-    busy = beside_busy(ref.samples, ref.busy)
-    if not len(busy):
-        return float("nan"), 0
-    return float(statistics.median(busy[:, 1])), len(busy)
+def beside_busy(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a :func:`sample_table` taken beside the busy engine (:data:`BUSY_COVER`)."""
+    return table[table["busy"] >= BUSY_COVER]
 
 
-def write_samples(ref: ReferenceProbe, path: Path, origin: float) -> Path:
-    """``reference_probe.csv``: every sample with its end time in seconds from
-    ``origin`` (a perf_counter reading: the run's clock zero), its seconds and the
-    fraction of it beside the busy engine."""
-    cover = busy_cover(ref.samples, ref.busy)
-    with open(path, "w") as f:
-        f.write("time_s,probe_s,busy\n")
-        for (t, s), c in zip(ref.samples, cover, strict=True):
-            f.write(f"{t - origin:.6f},{s:.6g},{c:.3f}\n")
-    return path
+def busy_median(table: pd.DataFrame) -> tuple[float, int]:
+    """(median seconds of a :func:`sample_table`'s samples beside the busy engine,
+    their number); NaN, 0 where there are none."""
+    busy = beside_busy(table)["probe_s"]
+    return (float(busy.median()), len(busy)) if len(busy) else (float("nan"), 0)

@@ -9,7 +9,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from testbed.profiling.reference import BUSY_COVER, ReferenceProbe, busy_cover
+from testbed.profiling.reference import (
+    BUSY_COVER,
+    ReferenceProbe,
+    beside_busy,
+    busy_cover,
+    busy_median,
+    sample_table,
+)
 from testbed.sim.latency import read_profile_header
 from tests.sim.test_runs import compose_cfg, run_from_config
 
@@ -34,6 +41,12 @@ def test_busy_cover_is_the_fraction_of_each_sample_beside_an_execution():
     assert busy_cover(samples, busy) == pytest.approx([1.0, 0.5, 0.0, 1 / 3, 0.0, 0.0])
     assert busy_cover(samples, []) == pytest.approx(np.zeros(6))
     assert busy_cover(np.zeros((0, 2)), busy).shape == (0,)
+    # On a run's clock: perf_counter times less the run's origin, busy on that clock.
+    table = sample_table(samples + [100.0, 0.0], busy, origin=100.0)
+    assert table["time_s"].tolist() == pytest.approx(samples[:, 0])
+    assert table["busy"].tolist() == pytest.approx([1.0, 0.5, 0.0, 1 / 3, 0.0, 0.0])
+    assert busy_median(table) == (pytest.approx(0.5), 1)  # only the first is beside a step
+    assert busy_median(table.iloc[2:3]) == (pytest.approx(float("nan"), nan_ok=True), 0)
 
 
 def test_the_reference_must_run_on_cores_the_engine_does_not_use():
@@ -71,7 +84,7 @@ def test_a_real_run_records_the_reference_beside_its_busy_steps(tmp_path):
     end = (steps["start_s"] + steps["latency_s"]).max()
     assert ref["time_s"].min() < steps["start_s"].min() + 0.5
     assert ref["time_s"].max() > end - 0.5
-    busy = ref[ref["busy"] >= BUSY_COVER]
+    busy = beside_busy(ref)
     assert m["reference_probe_samples"] == len(busy)
     assert m["reference_probe_s"] == pytest.approx(busy["probe_s"].median(), rel=1e-4)
     # A sample marked busy lies (almost) wholly inside the run's steps.
