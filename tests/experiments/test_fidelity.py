@@ -637,3 +637,32 @@ def test_speed_summary_per_trace_in_run_order():
     assert out.loc["b", "adjacent_change"] == 0 and out.loc["b", "own_cv"] == 0
     one = speed_summary(speeds[speeds["order"] == 2])
     assert np.isnan(one.loc[0, "adjacent_change"])
+
+
+@pytest.mark.slow
+def test_a_run_in_its_own_process_stopped_by_its_parent_writes_what_it_measured(tmp_path):
+    """fidelity.py runs each real run in a fresh process (run_isolated); stopped
+    (Ctrl-C, or SIGTERM from a timeout: a KeyboardInterrupt in the parent), the
+    parent stops the child, which writes the run's files marked partial, as a
+    run in the parent's own process would."""
+    import signal
+
+    from experiments.fidelity import run_isolated
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    run = tmp_path / "run"
+    overrides = ["mode=real", "trace.num_requests=400", "trace.rate=4", "mode.max_wall_s=200"]
+    overrides += ["logging=disabled", "progress=false", "plots=false"]
+    old = signal.signal(signal.SIGALRM, interrupt)
+    signal.alarm(25)  # the child is replaying by then (it starts in a few seconds)
+    try:
+        run_isolated(overrides, run)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["partial"] is True and metrics["stop_reason"] == "interrupted", metrics
+    assert 0 < metrics["num_finished"] < 400
+    assert len(pd.read_csv(run / "steps.csv")) > 0
