@@ -64,6 +64,10 @@ same probe. Each pair is also simulated with every step scaled by the ratio of
 the run's median sample to the profile's (``idle_err_*``): the simulator given
 the machine's speed during the run, measured apart from the run's own steps.
 
+Every real run and profiler pass runs in a fresh Python process
+(:func:`run_isolated`; ``--in-process`` for the script's own): no run inherits
+what earlier runs and simulations left in the process.
+
 What a researcher reads off the simulator is how the policies compare, so the
 script also writes the policy effects (``policy_effects.csv``,
 ``policy_orders.csv`` and a section of ``fidelity.md``): for each trace and
