@@ -151,7 +151,7 @@ def run_isolated(overrides: list[str], run_dir: Path | None = None) -> None:
     process, so that no run inherits an earlier one's state (heap, caches, the
     simulations between them): on the 2-core VM, real runs later in one process
     ran about 4% slower against the reference probe than runs in fresh ones
-    (experiments/results/fidelity_cpu1_isolated/). Interrupted (Ctrl-C, SIGTERM),
+    (experiments/results/fidelity_cpu1_isolated/README.md). Interrupted (Ctrl-C, SIGTERM),
     the run is stopped and writes what it measured (partial), as in-process."""
     proc = multiprocessing.get_context("spawn").Process(
         target=_run_child, args=(overrides, run_dir)
