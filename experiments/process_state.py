@@ -57,7 +57,8 @@ def main() -> None:
     ap.add_argument("--engine-cpu", type=int, default=1)
     ap.add_argument("--reference-cpu", type=int, default=0)
     ap.add_argument("--extra", nargs="*", default=[], help="more Hydra overrides")
-    ap.add_argument("--out", default=str(ROOT / "outputs/process_state"))
+    ap.add_argument("--out", default=str(ROOT / "outputs/process_state"), help="the table")
+    ap.add_argument("--runs", default=str(ROOT / "outputs/process_state"), help="the runs")
     args = ap.parse_args()
     if args.pairs < 2:
         raise SystemExit("--pairs must be >= 2 (this process's later runs are the question)")
@@ -82,7 +83,7 @@ def main() -> None:
     rows = []
     for i in range(args.pairs):
         for where in ("fresh", "here"):
-            run = out / "runs" / f"{i + 1}-{where}"
+            run = Path(args.runs) / "runs" / f"{i + 1}-{where}"
             if where == "fresh":
                 run_isolated([*overrides, "mode=real"], run)
             else:
