@@ -66,7 +66,8 @@ the machine's speed during the run, measured apart from the run's own steps.
 
 Every real run and profiler pass runs in a fresh Python process
 (:func:`run_isolated`; ``--in-process`` for the script's own): no run inherits
-what earlier runs and simulations left in the process.
+what earlier runs and simulations left in the process (as separate
+invocations would not).
 
 What a researcher reads off the simulator is how the policies compare, so the
 script also writes the policy effects (``policy_effects.csv``,
@@ -149,10 +150,12 @@ def _run_child(overrides: list[str], run_dir: Path | None) -> None:
 def run_isolated(overrides: list[str], run_dir: Path | None = None) -> None:
     """``run_from_config(compose_cfg(overrides), run_dir)`` in a fresh Python
     process, so that no run inherits an earlier one's state (heap, caches, the
-    simulations between them): on the 2-core VM, real runs later in one process
-    ran about 4% slower against the reference probe than runs in fresh ones
-    (experiments/results/fidelity_cpu1_isolated/README.md). Interrupted (Ctrl-C, SIGTERM),
-    the run is stopped and writes what it measured (partial), as in-process."""
+    simulations between them), as separate invocations would not. Whether that
+    state slows later runs is unsettled on the 2-core VM: of two checks
+    (experiments/process_state.py), one found a process's later real runs 3.7%
+    slower against the reference probe than fresh ones, the other 3.1% faster.
+    Interrupted (Ctrl-C, SIGTERM), the run is stopped and writes what it
+    measured (partial), as in-process."""
     proc = multiprocessing.get_context("spawn").Process(
         target=_run_child, args=(overrides, run_dir)
     )

@@ -553,6 +553,7 @@ def test_fidelity_script_simulates_each_pair_at_its_neighbours_speed(tmp_path, m
 
     argv = ["fidelity.py", "--policies", "fcfs", "sjf", "--traces", "synthetic", "--edges"]
     argv += ["--num-requests", "12", "--wandb", "disabled", "--out", str(tmp_path / "out")]
+    argv += ["--in-process"]  # the runs in this process (the others: each in its own)
     monkeypatch.setattr("sys.argv", [*argv, "--runs", str(tmp_path / "runs")])
     fidelity.main()
     table = pd.read_csv(tmp_path / "out" / "fidelity.csv").set_index("policy")
