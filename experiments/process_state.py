@@ -33,7 +33,13 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from experiments.fidelity import busy_steps, compose_cfg, run_isolated  # noqa: E402
+from experiments.fidelity import (  # noqa: E402
+    busy_steps,
+    compose_cfg,
+    own_speed,
+    run_isolated,
+    step_errors,
+)
 from testbed.runner import latency_model, run_from_config  # noqa: E402
 
 
@@ -43,7 +49,7 @@ def run_row(run: Path, model) -> dict:
     if metrics.get("partial"):
         raise SystemExit(f"{run}: the run did not finish ({metrics.get('stop_reason')})")
     return dict(
-        own=steps["latency_s"].sum() / steps["pred_s"].sum(),
+        own=own_speed(step_errors(steps)),
         reference_ms=metrics["reference_probe_s"] * 1e3,
         steps=len(steps),
     )
