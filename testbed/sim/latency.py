@@ -275,12 +275,24 @@ class ProfileModel:
         # together they weigh most; the grid's few points, together a quarter as
         # much, anchor the corners a replay does not reach (and extrapolation).
         w = 1 / y
-        if "grid" in table.columns:
-            groups = table["grid"].to_numpy()
+        groups = table["grid"].to_numpy() if "grid" in table.columns else None
+        if groups is not None:
             for g in np.unique(groups):
                 share = GROUP_WEIGHTS.get(g, 1.0) / np.sqrt((groups == g).sum())
                 w[groups == g] *= share
         self.coef = nnls(x * w[:, None], w * y)
+        # The level: the replay's busy time. The fit's shape comes from relative
+        # errors, whose least squares sit below the mean of noisy steps, and the
+        # grid's points, each batch repeated back to back, run faster than the same
+        # batches in flow (1-3% on the 2-core VM, in every pass: see
+        # experiments/results/fidelity_cpu1_level/). Scaled so that it predicts the
+        # replay's steps in total, the model's level is that of a workload in flow,
+        # as the simulator uses it; ``level`` says by how much (1: a table without
+        # a replay).
+        self.level = 1.0
+        if groups is not None and (replay := groups == "replay").any():
+            self.level = float(y[replay].sum() / (x[replay] @ self.coef).sum())
+            self.coef = self.coef * self.level
         self._coef = [float(c) for c in self.coef[: len(smooth)]]  # Python floats: fast
         # A decode-only batch's own term by its size (0: any other step).
         self._decode_extra = [0.0] * (DECODE_SIZES + 1)
@@ -293,7 +305,8 @@ class ProfileModel:
         digest = hashlib.sha1(self.path.read_bytes()).hexdigest()[:10]
         self.source = (
             f"profile {self.path.name} ({self.header.get('device', '?')}, "
-            f"{self.header.get('date', '?')}; sha1 {digest})"
+            f"{self.header.get('date', '?')}; sha1 {digest}"
+            + (f"; level {self.level:.4f}, the replay's)" if self.level != 1.0 else ")")
         )
 
     def _smooth(self, num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from testbed.sim.latency import ProfileModel, decode_latencies, nnls
@@ -183,3 +184,51 @@ def test_profile_model_fits_a_gpus_weight_bound_then_compute_bound_steps(tmp_pat
     # The table has no max_kv column: the model takes it as kv_tokens / num_reqs.
     err = np.array([abs(model.predict(*r[:4], np.ceil(r[3] / r[0])) / r[4] - 1) for r in rows])
     assert np.median(err) < 0.01 and np.quantile(err, 0.9) < 0.03 and err.max() < 0.15
+
+
+def test_profile_model_takes_its_level_from_the_replay_and_its_shape_from_all_rows(tmp_path):
+    # The grid's points (each batch repeated back to back) run 3% faster than the
+    # same compositions in a replay, and the steps are noisy (where a least-squares
+    # fit of relative errors sits below their mean). The model predicts the replay's
+    # busy time in total, and the grid's points 3% slow.
+    rng = np.random.default_rng(1)
+    truth = np.array([4e-3, 3e-4, 1e-4, 5e-9, 2e-8])  # constant, requests, tokens, pairs, kv
+
+    def row(group, reqs, tokens_per, ctx, factor):
+        t, p, k = reqs * tokens_per, reqs * tokens_per * (ctx + tokens_per / 2), reqs * ctx
+        lat = truth @ [1, reqs, t, p, k] * factor * (1 + 0.05 * rng.standard_normal())
+        return f"step,{group},{reqs},{t},{p},{k},{ctx + tokens_per},{lat}"
+
+    lines = [
+        "# device: test-device",
+        "kind,grid,num_reqs,num_tokens,attn_pairs,kv_tokens,max_kv,latency_s",
+    ]
+    lines += [
+        row("point", r, n, c, 0.97) for r in (1, 2, 4, 8) for n in (1, 64) for c in (64, 1024)
+    ]
+    # The replay's steps: the same compositions, in flow, 20 of each.
+    lines += [
+        row("replay", r, n, c, 1.0)
+        for _ in range(20)
+        for r in (1, 2, 4, 8)
+        for n in (1, 64)
+        for c in (64, 1024)
+    ]
+    path = tmp_path / "m.csv"
+    path.write_text("\n".join(lines) + "\n")
+    table = pd.read_csv(path, comment="#")
+    model = ProfileModel(path)
+    pred = model_predictions(model, table)
+    replay, grid = (table["grid"] == "replay").to_numpy(), (table["grid"] == "point").to_numpy()
+    y = table["latency_s"].to_numpy()
+    assert pred[replay].sum() == pytest.approx(y[replay].sum(), rel=1e-9)
+    assert pred[grid].sum() / y[grid].sum() == pytest.approx(1 / 0.97, abs=0.02)
+    assert model.level > 1.0 and f"level {model.level:.4f}" in model.source
+    # Without a replay, nothing to take a level from.
+    path.write_text("\n".join(lines[: 2 + 16]) + "\n")
+    assert ProfileModel(path).level == 1.0
+
+
+def model_predictions(model, table):
+    cols = ("num_reqs", "num_tokens", "attn_pairs", "kv_tokens", "max_kv")
+    return model.predict_many(*(table[c].to_numpy(float) for c in cols))
