@@ -282,17 +282,21 @@ class ProfileModel:
                 w[groups == g] *= share
         self.coef = nnls(x * w[:, None], w * y)
         # The level: the replay's busy time. The fit's shape comes from relative
-        # errors, whose least squares sit below the mean of noisy steps, and the
-        # grid's points, each batch repeated back to back, run faster than the same
-        # batches in flow (1-3% on the 2-core VM, in every pass: see
-        # experiments/results/fidelity_cpu1_level/). Scaled so that it predicts the
-        # replay's steps in total, the model's level is that of a workload in flow,
-        # as the simulator uses it; ``level`` says by how much (1: a table without
-        # a replay).
+        # errors, whose least squares sit below the mean of noisy steps, and from
+        # the grid's points, each batch repeated back to back, which ran 1-6% faster
+        # against the model than the replay's steps in every pass measured on the
+        # 2-core VM (experiments/results/fidelity_cpu1_level/README.md). Scaled so
+        # that it predicts the replay's steps in total, the model's level is that
+        # of a trace replayed on the engine, as the simulator uses it; ``level``
+        # says by how much (1: a table without a replay).
         self.level = 1.0
-        if groups is not None and (replay := groups == "replay").any():
-            self.level = float(y[replay].sum() / (x[replay] @ self.coef).sum())
-            self.coef = self.coef * self.level
+        replay_rows = groups is not None and bool((groups == "replay").any())
+        if replay_rows:
+            replay = groups == "replay"
+            predicted = float((x[replay] @ self.coef).sum())
+            if predicted > 0:  # NNLS on positive latencies: always, but never divide by 0
+                self.level = float(y[replay].sum()) / predicted
+                self.coef = self.coef * self.level
         self._coef = [float(c) for c in self.coef[: len(smooth)]]  # Python floats: fast
         # A decode-only batch's own term by its size (0: any other step).
         self._decode_extra = [0.0] * (DECODE_SIZES + 1)
@@ -306,7 +310,7 @@ class ProfileModel:
         self.source = (
             f"profile {self.path.name} ({self.header.get('device', '?')}, "
             f"{self.header.get('date', '?')}; sha1 {digest}"
-            + (f"; level {self.level:.4f}, the replay's)" if self.level != 1.0 else ")")
+            + (f"; level {self.level:.4f}, the replay's)" if replay_rows else ")")
         )
 
     def _smooth(self, num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv):

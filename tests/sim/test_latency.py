@@ -224,6 +224,14 @@ def test_profile_model_takes_its_level_from_the_replay_and_its_shape_from_all_ro
     assert pred[replay].sum() == pytest.approx(y[replay].sum(), rel=1e-9)
     assert pred[grid].sum() / y[grid].sum() == pytest.approx(1 / 0.97, abs=0.02)
     assert model.level > 1.0 and f"level {model.level:.4f}" in model.source
+    # Scaled, scalar, vectorised and decode-run predictions still agree exactly.
+    scalar = [
+        model.predict(int(r.num_reqs), int(r.num_tokens), r.attn_pairs, int(r.kv_tokens), r.max_kv)
+        for r in table.itertuples()
+    ]
+    assert pred.tolist() == scalar
+    decode = [model.predict(4, 4, float(1000 + 4 * j), 1000 + 4 * j, 300 + j) for j in range(1, 11)]
+    assert decode_latencies(model, 4, 1000, 10, 300).tolist() == decode
     # Without a replay, nothing to take a level from.
     path.write_text("\n".join(lines[: 2 + 16]) + "\n")
     assert ProfileModel(path).level == 1.0
