@@ -166,7 +166,7 @@ def main() -> None:
     table.to_csv(args.out / "profile_level.csv", index=False)
     shown = table.round(4)
     cells = [[str(v) for v in row] for row in shown.itertuples(index=False)]
-    (args.out / "profile_level.md").write_text(markdown_table(list(shown.columns), cells, left=2))
+    (args.out / "profile_level.md").write_text(markdown_table(list(shown.columns), cells, left=3))
     (args.out / "profile_level.json").write_text(json.dumps(summary(table), indent=2) + "\n")
     print(shown.to_string(index=False))
     print(json.dumps(summary(table), indent=2))

@@ -8,7 +8,10 @@ runs at every moment of a run, without timing the run's own steps and without
 waiting for its idle gaps (``hardware.reference_cpus``). Not always: in a
 fidelity experiment on a noisier day the engine's core ran 2.6-8.9% slower than
 the reference said in 7 of 8 runs (experiments/results/fidelity_cpu1_reference/),
-so some of the host's contention falls on one vCPU alone.
+so some of the host's contention falls on one vCPU alone; and the engine's speed
+against the reference's, averaged over an experiment's runs, moved from +2.7% to
+-2.9% of its profile's between three experiments
+(experiments/results/fidelity_cpu1_level/).
 
 :class:`ReferenceProbe` runs that loop in a child process pinned to the
 reference cores: the :class:`~testbed.profiling.profiler.IdleProbe` step on the
