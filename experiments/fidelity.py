@@ -579,6 +579,16 @@ def queued_steps(run_dir: Path) -> float:
     return float((waiting > 0).mean()) if len(waiting) else float("nan")
 
 
+def profile_reference(model) -> float:
+    """The profile's reference probe that runs are scaled against: the median
+    during its replay, whose steps set the latency model's level
+    (``reference_probe_replay_s``), or over the whole profile in tables measured
+    before the profiler split it (``reference_probe_s``)."""
+    if "reference_probe_replay_s" in getattr(model, "header", {}):
+        return profile_probe(model, "reference_probe_replay_s", "hardware.reference_cpus")
+    return profile_probe(model, "reference_probe_s", "hardware.reference_cpus")
+
+
 def profile_probe(model, key: str = "speed_probe_s", option: str = "--speed-probe") -> float:
     """A probe (``speed_probe_s`` or ``idle_probe_s``) recorded in the profile of
     the simulator's latency model."""
@@ -1152,7 +1162,7 @@ def main() -> None:
     around = neighbour_speeds([(t, p) for t, p, _ in ran], [own_of[run] for _, _, run in ran])
     around_of = dict(zip([run for _, _, run in ran], around, strict=True))
     profiled_of = {  # the profile's reference probe, for the runs that ran one
-        run: profile_probe(models[t, p], "reference_probe_s", "hardware.reference_cpus")
+        run: profile_reference(models[t, p])
         for t, p, run in ran
         if (run / "reference_probe.csv").exists()
     }
@@ -1262,7 +1272,7 @@ def main() -> None:
             # at the time of the run, not of the run's steps.
             ref = read_metrics(real).get("reference_probe_s")
             if ref is not None and np.isfinite(ref):
-                profiled = profile_probe(model, "reference_probe_s", "hardware.reference_cpus")
+                profiled = profile_reference(model)
                 factor = ref / profiled
                 row.update(reference_probe_s=ref, reference_speed_factor=factor)
                 row.update(

@@ -4,7 +4,8 @@ For each runs folder of ``experiments/fidelity.py`` that measured profiler passe
 beside a reference probe (``--profile-passes K`` with ``hardware.reference_cpus``),
 it sets side by side, each as busy time over the merged profile's prediction of
 the same steps (fidelity's own speed) and over the reference probe's factor
-(the probe's median beside the busy engine over the merged profile's):
+(the probe's median beside the busy engine, during the grid or the replay where
+the profile's header splits it, over the merged profile's during its replays):
 
 - each pass's grid points (every batch repeated back to back) and its replay
   (the steps of a short trace, in flow);
@@ -55,9 +56,13 @@ def merged_profile(runs: Path) -> Path:
     return found[0]
 
 
-def reference_of(path: Path) -> float:
-    """A profile's ``reference_probe_s`` (seconds), or a clear error naming it."""
-    value = read_profile_header(path).get("reference_probe_s")
+def reference_of(path: Path, phase: str = "replay") -> float:
+    """A profile's reference probe (seconds) during ``phase`` ("grid" or
+    "replay": ``reference_probe_<phase>_s``), or over the whole profile where the
+    header does not split it (``reference_probe_s``); a clear error naming the
+    file where it has none."""
+    header = read_profile_header(path)
+    value = header.get(f"reference_probe_{phase}_s", header.get("reference_probe_s"))
     if value is None:
         raise SystemExit(
             f"{path}: no reference_probe_s in its header (fidelity.py measured it without "
@@ -83,8 +88,8 @@ def pass_rows(runs: Path, model: ProfileModel, profiled: float) -> list[dict]:
         if missing:
             raise SystemExit(f"{path}: no column {sorted(missing)} (a profile with a replay)")
         table = table[table["kind"] == "step"]
-        ref = reference_of(path) / profiled
         for group, part in table.groupby("grid"):
+            ref = reference_of(path, "grid" if group == "point" else "replay") / profiled
             pred = model.predict_many(*(part[c].to_numpy(float) for c in FEATURES))
             rows.append(
                 dict(

@@ -13,6 +13,7 @@ latency models use, the median latency, its spread, and the parts.
 from __future__ import annotations
 
 import contextlib
+import math
 import platform
 import random
 import statistics
@@ -514,6 +515,7 @@ def run_profile(
         return path
 
     reference = ReferenceProbe(args, model, list(reference_cpus)) if reference_cpus else None
+    replay_start = math.inf
     running = contextlib.ExitStack()
     if reference is not None:
         running.enter_context(reference)
@@ -556,6 +558,7 @@ def run_profile(
         )
         if reference is not None:
             reference.watch(replay_executor)
+        replay_start = time.perf_counter()  # the reference's phases: grid before, replay after
         measure_replay(replay_engine, replay_requests, cfg.vocab_size, idle_probe, rows)
         # Then the engine idle, as between a trace's requests: the probe at its cadence.
         rows += idle_probe_rows(
@@ -568,22 +571,34 @@ def run_profile(
         replayed = sum(r["grid"] == "replay" for r in rows)
         partial = f"{why} after {done} of {len(points)} grid points and {replayed} replay steps"
         running.close()
-        path = write(f"{name}.partial.csv", partial=partial, **reference_header(reference))
+        header = reference_header(reference, replay_start)
+        path = write(f"{name}.partial.csv", partial=partial, **header)
         print(f"profiler {partial}: wrote what it measured to {path}", flush=True)
         raise
     running.close()
-    return write(f"{name}.csv", **reference_header(reference))
+    return write(f"{name}.csv", **reference_header(reference, replay_start))
 
 
-def reference_header(reference: ReferenceProbe | None) -> dict:
-    """The profile header's ``reference_probe_s`` (none without the reference)."""
+def reference_header(reference: ReferenceProbe | None, replay_start: float = math.inf) -> dict:
+    """The profile header's ``reference_probe_s`` (none without the reference),
+    and the same median over the grid's samples and over the replay's (those
+    ending before and after ``replay_start``, a ``time.perf_counter`` reading):
+    ``reference_probe_replay_s`` is the machine's speed while the steps that set
+    the latency model's level ran (:class:`~testbed.sim.latency.ProfileModel`)."""
     if reference is None:
         return {}
-    median, n = busy_median(sample_table(reference.samples, reference.busy))
-    return {
+    table = sample_table(reference.samples, reference.busy)
+    median, n = busy_median(table)
+    header = {
         "reference_probe_s": f"{median:.6g} (median of {n} samples beside the busy engine, "
         f"of {len(reference.samples)}, on cores {reference.cpus})"
     }
+    replay = table["time_s"] >= replay_start
+    for phase, rows in (("grid", table[~replay]), ("replay", table[replay])):
+        median, n = busy_median(rows)
+        if n:
+            header[f"reference_probe_{phase}_s"] = f"{median:.6g} (median of {n} samples)"
+    return header
 
 
 def profile_header(
@@ -646,6 +661,16 @@ def write_profile(path: Path, header: dict, table: pd.DataFrame | list[dict]) ->
         table.to_csv(f, index=False, float_format="%.9g")
 
 
+# Header probes that merge_profiles averages over the passes.
+PROBE_KEYS = (
+    "speed_probe_s",
+    "idle_probe_s",
+    "reference_probe_s",
+    "reference_probe_grid_s",
+    "reference_probe_replay_s",
+)
+
+
 def merge_profiles(paths: list[Path], out: Path) -> Path:
     """One profile from several passes of the profiler over the same engine,
     measured at different times: every pass's rows (column ``pass``), so the fit
@@ -667,7 +692,7 @@ def merge_profiles(paths: list[Path], out: Path) -> Path:
         date=f"{headers[0].get('date', '?')} to {headers[-1].get('date', '?')}",
         pass_dates=", ".join(h.get("date", "?") for h in headers),
     )
-    for key in ("speed_probe_s", "idle_probe_s", "reference_probe_s"):  # the passes' mean
+    for key in PROBE_KEYS:  # the passes' mean
         probes = [float(h[key].split()[0]) for h in headers if key in h]
         if len(probes) == len(headers):
             listed = ", ".join(f"{p:.6g}" for p in probes)

@@ -283,7 +283,7 @@ class ProfileModel:
         self.coef = nnls(x * w[:, None], w * y)
         # The level: the replay's busy time. The fit's shape comes from relative
         # errors, whose least squares sit below the mean of noisy steps, and from
-        # the grid's points, each batch repeated back to back, which ran 1-6% faster
+        # the grid's points, each batch repeated back to back, which ran 0.6-7.8% faster
         # against the model than the replay's steps in every pass measured on the
         # 2-core VM (experiments/results/fidelity_cpu1_level/README.md). Scaled so
         # that it predicts the replay's steps in total, the model's level is that

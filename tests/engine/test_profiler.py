@@ -108,6 +108,7 @@ def test_merged_passes_fit_the_mean_speed_and_keep_every_row(tmp_path):
             speed_probe_s=f"{probe} ({probe}, {probe})", measured_by="test",
             idle_probe_s=f"{probe / 8} (median of 9 samples)",
             reference_probe_s=f"{probe / 4} (median of 99 samples beside the busy engine)",
+            reference_probe_replay_s=f"{probe / 5} (median of 50 samples)",
         )  # fmt: skip
         paths.append(tmp_path / str(i) / "cpu1" / "m.csv")
         write_profile(paths[-1], header, rows.assign(latency_s=base * speed))
@@ -117,6 +118,8 @@ def test_merged_passes_fit_the_mean_speed_and_keep_every_row(tmp_path):
     assert float(header["speed_probe_s"].split()[0]) == pytest.approx(0.0945)
     assert float(header["idle_probe_s"].split()[0]) == pytest.approx(0.0945 / 8)
     assert float(header["reference_probe_s"].split()[0]) == pytest.approx(0.0945 / 4)
+    assert float(header["reference_probe_replay_s"].split()[0]) == pytest.approx(0.0945 / 5)
+    assert "reference_probe_grid_s" not in header  # in no pass: none merged
     table = pd.read_csv(merged, comment="#")
     assert len(table) == 2 * len(rows) and sorted(table["pass"].unique()) == [0, 1]
     features = (32, 512, 512 * 300, 32 * 300, 300)

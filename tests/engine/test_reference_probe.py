@@ -117,3 +117,13 @@ def test_a_profile_records_the_reference_median_in_its_header(tmp_path):
     n, total = int(words[2]), int(words[9].rstrip(","))
     assert 0 < n <= total
     assert header["reference_probe_s"].endswith(f"on cores [{CORES[0]}])")
+    # Split by phase: the grid's samples (one short point here: maybe none beside
+    # its steps) and the replay's, which together are all of them.
+    assert "reference_probe_replay_s" in header
+    phases = [
+        header[k].split()
+        for k in header
+        if k.startswith("reference_probe_") and k != "reference_probe_s"
+    ]
+    assert all(0 < float(words[0]) < 1 for words in phases)
+    assert sum(int(words[3]) for words in phases) == n

@@ -30,10 +30,11 @@ def step(reqs: int, tokens_per: int, ctx: int, factor: float) -> dict:
     )
 
 
-def write_runs(runs):
+def write_runs(runs, phases: str = ""):
+    """A runs folder; ``phases``: more header lines (the reference by phase)."""
     rows = [dict(kind="step", grid="point", **step(*s, 0.97)) for s in SHAPES]
     rows += [dict(kind="step", grid="replay", **step(*s, 1.0)) for s in SHAPES * 10]
-    header = f"# device: test\n# reference_probe_s: {PROFILED} (median of 10 samples)\n"
+    header = f"# device: test\n# reference_probe_s: {PROFILED} (median of 10 samples)\n{phases}"
     for path in (runs / "profiles/cpu1/m.csv", runs / "profile-passes/1/cpu1/m.csv"):
         path.parent.mkdir(parents=True)
         path.write_text(header + pd.DataFrame(rows).to_csv(index=False))
@@ -83,3 +84,29 @@ def test_a_folder_without_profiler_passes_is_refused_by_name(tmp_path):
     shutil.rmtree(runs / "profile-passes")
     with pytest.raises(SystemExit, match="no profile-passes"):
         profile_level.folder_table(runs)
+
+
+def test_a_grid_fast_because_the_machine_was_is_told_by_the_phases_reference(tmp_path):
+    # The reference ran 3% faster during the grid than during the replay: the
+    # grid's 3% is the machine's, and against its own phase it matches.
+    runs = tmp_path / "runs"
+    phases = f"# reference_probe_grid_s: {PROFILED * 0.97} (median of 4 samples)\n"
+    phases += f"# reference_probe_replay_s: {PROFILED} (median of 6 samples)\n"
+    write_runs(runs, phases)
+    table = profile_level.folder_table(runs).set_index("what")
+    assert table.loc["pass 1 point", "reference"] == pytest.approx(0.97)
+    assert table.loc["pass 1 point", "own_per_ref"] == pytest.approx(1.0, rel=1e-6)
+    assert table.loc["pass 1 replay", "own_per_ref"] == pytest.approx(1.0, rel=1e-9)
+
+
+def test_runs_are_scaled_against_the_profiles_replay_reference_where_it_has_one():
+    from types import SimpleNamespace
+
+    from experiments.fidelity import profile_reference
+
+    whole = {"reference_probe_s": "0.02 (median of 9 samples beside the busy engine)"}
+    assert profile_reference(SimpleNamespace(header=whole)) == 0.02
+    split = {**whole, "reference_probe_replay_s": "0.021 (median of 5 samples)"}
+    assert profile_reference(SimpleNamespace(header=split)) == 0.021
+    with pytest.raises(SystemExit, match="records no reference_probe_s"):
+        profile_reference(SimpleNamespace(header={}, source="profile x.csv"))
