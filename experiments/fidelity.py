@@ -475,9 +475,9 @@ def reference_speed_trace(run: Path, profiled: float, width_s: float = TRACE_WIN
 
 def reference_tracking(run: Path, steps: pd.DataFrame, profiled: float) -> dict:
     """How closely a run's reference probe followed its own speed: the run's
-    factor (``reference_probe_s`` over the profile's) and the rms of reference over
-    own speed - 1 across its :data:`WINDOW_S` windows (``steps``: its
-    :func:`busy_steps`). Empty without a reference."""
+    factor (``reference_probe_s`` over the profile's :func:`profile_reference`)
+    and the rms of reference over own speed - 1 across its :data:`WINDOW_S`
+    windows (``steps``: its :func:`busy_steps`). Empty without a reference."""
     if not (run / "reference_probe.csv").exists() or not np.isfinite(profiled):
         return {}
     ref = reference_windows(run, profiled, WINDOW_S)
@@ -506,7 +506,7 @@ def run_speeds(
     :func:`cv` of its :func:`window_speeds` (``predicted``: each run's
     :func:`busy_steps`; ``own``, ``around``: each run's speeds) and, where it ran
     with the reference probe, :func:`reference_tracking` (``profiled``: the
-    profile's ``reference_probe_s`` per run)."""
+    profile's :func:`profile_reference` per run)."""
     profiled = profiled or {}
     rows = []
     for i, (trace, policy, run) in enumerate(ran):

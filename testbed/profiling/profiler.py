@@ -515,7 +515,7 @@ def run_profile(
         return path
 
     reference = ReferenceProbe(args, model, list(reference_cpus)) if reference_cpus else None
-    replay_start = math.inf
+    replay = [math.inf, math.inf]  # when the replay started and ended (perf_counter)
     running = contextlib.ExitStack()
     if reference is not None:
         running.enter_context(reference)
@@ -558,8 +558,9 @@ def run_profile(
         )
         if reference is not None:
             reference.watch(replay_executor)
-        replay_start = time.perf_counter()  # the reference's phases: grid before, replay after
+        replay[0] = time.perf_counter()  # the reference's phases: the grid before it
         measure_replay(replay_engine, replay_requests, cfg.vocab_size, idle_probe, rows)
+        replay[1] = time.perf_counter()
         # Then the engine idle, as between a trace's requests: the probe at its cadence.
         rows += idle_probe_rows(
             (idle_probe.after_pause() for _ in range(IDLE_TAIL)), "after_replay"
@@ -571,20 +572,24 @@ def run_profile(
         replayed = sum(r["grid"] == "replay" for r in rows)
         partial = f"{why} after {done} of {len(points)} grid points and {replayed} replay steps"
         running.close()
-        header = reference_header(reference, replay_start)
+        header = reference_header(reference, *replay)
         path = write(f"{name}.partial.csv", partial=partial, **header)
         print(f"profiler {partial}: wrote what it measured to {path}", flush=True)
         raise
     running.close()
-    return write(f"{name}.csv", **reference_header(reference, replay_start))
+    return write(f"{name}.csv", **reference_header(reference, *replay))
 
 
-def reference_header(reference: ReferenceProbe | None, replay_start: float = math.inf) -> dict:
+def reference_header(
+    reference: ReferenceProbe | None, replay_start: float = math.inf, replay_end: float = math.inf
+) -> dict:
     """The profile header's ``reference_probe_s`` (none without the reference),
-    and the same median over the grid's samples and over the replay's (those
-    ending before and after ``replay_start``, a ``time.perf_counter`` reading):
-    ``reference_probe_replay_s`` is the machine's speed while the steps that set
-    the latency model's level ran (:class:`~testbed.sim.latency.ProfileModel`)."""
+    and the same median over the grid's samples (those ending before
+    ``replay_start``) and over the replay's (ending from ``replay_start`` to
+    ``replay_end``; ``time.perf_counter`` readings): ``reference_probe_replay_s``
+    is the machine's speed while the steps that set the latency model's level
+    ran (:class:`~testbed.sim.latency.ProfileModel`). The idle tail and the
+    closing speed probe count in the whole median only."""
     if reference is None:
         return {}
     table = sample_table(reference.samples, reference.busy)
@@ -593,8 +598,9 @@ def reference_header(reference: ReferenceProbe | None, replay_start: float = mat
         "reference_probe_s": f"{median:.6g} (median of {n} samples beside the busy engine, "
         f"of {len(reference.samples)}, on cores {reference.cpus})"
     }
-    replay = table["time_s"] >= replay_start
-    for phase, rows in (("grid", table[~replay]), ("replay", table[replay])):
+    t = table["time_s"]
+    grid, replay = table[t < replay_start], table[(t >= replay_start) & (t < replay_end)]
+    for phase, rows in (("grid", grid), ("replay", replay)):
         median, n = busy_median(rows)
         if n:
             header[f"reference_probe_{phase}_s"] = f"{median:.6g} (median of {n} samples)"

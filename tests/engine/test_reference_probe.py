@@ -118,7 +118,7 @@ def test_a_profile_records_the_reference_median_in_its_header(tmp_path):
     assert 0 < n <= total
     assert header["reference_probe_s"].endswith(f"on cores [{CORES[0]}])")
     # Split by phase: the grid's samples (one short point here: maybe none beside
-    # its steps) and the replay's, which together are all of them.
+    # its steps) and the replay's; the closing speed probe's are in the whole only.
     assert "reference_probe_replay_s" in header
     phases = [
         header[k].split()
@@ -126,4 +126,22 @@ def test_a_profile_records_the_reference_median_in_its_header(tmp_path):
         if k.startswith("reference_probe_") and k != "reference_probe_s"
     ]
     assert all(0 < float(words[0]) < 1 for words in phases)
-    assert sum(int(words[3]) for words in phases) == n
+    assert 0 < sum(int(words[3]) for words in phases) <= n
+
+
+def test_the_reference_header_splits_the_samples_by_phase():
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from testbed.profiling.profiler import reference_header
+
+    ends = np.arange(1.0, 31.0)  # grid before 10 s, replay 10-20 s, then the tail
+    seconds = np.where(ends < 10, 0.01, np.where(ends < 20, 0.02, 0.05))
+    probe = SimpleNamespace(samples=np.column_stack([ends, seconds]), busy=[(0.0, 40.0)], cpus=[0])
+    header = reference_header(probe, 10.0, 20.0)
+    assert header["reference_probe_grid_s"] == "0.01 (median of 9 samples)"
+    assert header["reference_probe_replay_s"] == "0.02 (median of 10 samples)"
+    assert header["reference_probe_s"].startswith("0.02 (median of 30 samples")
+    # Stopped before its replay: every sample is the grid's, none the replay's.
+    assert "reference_probe_replay_s" not in reference_header(probe)
