@@ -579,14 +579,22 @@ def queued_steps(run_dir: Path) -> float:
     return float((waiting > 0).mean()) if len(waiting) else float("nan")
 
 
-def profile_reference(model) -> float:
-    """The profile's reference probe that runs are scaled against: the median
-    during its replay, whose steps set the latency model's level
+def profile_reference_key(model) -> str:
+    """The profile header's reference probe that runs are scaled against: the
+    median during its replay, whose steps set the latency model's level
     (``reference_probe_replay_s``), or over the whole profile in tables measured
-    before the profiler split it (``reference_probe_s``)."""
-    if "reference_probe_replay_s" in getattr(model, "header", {}):
-        return profile_probe(model, "reference_probe_replay_s", "hardware.reference_cpus")
-    return profile_probe(model, "reference_probe_s", "hardware.reference_cpus")
+    before the profiler split it, or merged from passes that did not all split it
+    (``reference_probe_s``). ``fidelity.json`` lists the keys used
+    (``meta.profile_reference``)."""
+    header = getattr(model, "header", {})
+    return (
+        "reference_probe_replay_s" if "reference_probe_replay_s" in header else "reference_probe_s"
+    )
+
+
+def profile_reference(model) -> float:
+    """The profile's :func:`profile_reference_key` probe, in seconds."""
+    return profile_probe(model, profile_reference_key(model), "hardware.reference_cpus")
 
 
 def profile_probe(model, key: str = "speed_probe_s", option: str = "--speed-probe") -> float:
@@ -1394,6 +1402,13 @@ def main() -> None:
         repeats=args.repeats,
         profile_passes=len(pass_dirs),
         profile_fit_rel_error=profile_fit,
+        profile_reference=sorted(
+            {
+                profile_reference_key(models[t, p])
+                for t, p, run in ran
+                if (run / "reference_probe.csv").exists()
+            }
+        ),
         simulated_with=sorted(map(str, sources)),
         interrupted=interrupted,
     )

@@ -323,6 +323,8 @@ def test_fidelity_script_scales_the_simulation_by_the_reference_probe(tmp_path, 
     assert speeds["reference_speed"] == pytest.approx(factor, rel=1e-5)
     assert speeds["reference_window_rms"] >= 0
     assert "reference / own speed - 1" in (tmp_path / "out" / "fidelity.md").read_text()
+    meta = json.loads((tmp_path / "out" / "fidelity.json").read_text())["meta"]
+    assert meta["profile_reference"] == ["reference_probe_s"]  # no replay median: the whole
     del header["reference_probe_s"]
     write_probe_profile(tmp_path / "profiles", header)
     monkeypatch.setattr("sys.argv", [*argv, "--reuse", str(runs)])
