@@ -119,6 +119,7 @@ from testbed.profiling.profiler import (  # noqa: E402
     fit_line,
     merge_profiles,
     probe_engine,
+    reference_key,
     speed_probe,
 )
 from testbed.profiling.reference import beside_busy  # noqa: E402
@@ -581,15 +582,10 @@ def queued_steps(run_dir: Path) -> float:
 
 def profile_reference_key(model) -> str:
     """The profile header's reference probe that runs are scaled against: the
-    median during its replay, whose steps set the latency model's level
-    (``reference_probe_replay_s``), or over the whole profile in tables measured
-    before the profiler split it, or merged from passes that did not all split it
-    (``reference_probe_s``). ``fidelity.json`` lists the keys used
-    (``meta.profile_reference``)."""
-    header = getattr(model, "header", {})
-    return (
-        "reference_probe_replay_s" if "reference_probe_replay_s" in header else "reference_probe_s"
-    )
+    median during its replay, whose steps set the latency model's level, where
+    the header has it (:func:`~testbed.profiling.profiler.reference_key`).
+    ``fidelity.json`` lists the keys used (``meta.profile_reference``)."""
+    return reference_key(getattr(model, "header", {}))
 
 
 def profile_reference(model) -> float:
@@ -1403,11 +1399,7 @@ def main() -> None:
         profile_passes=len(pass_dirs),
         profile_fit_rel_error=profile_fit,
         profile_reference=sorted(
-            {
-                profile_reference_key(models[t, p])
-                for t, p, run in ran
-                if (run / "reference_probe.csv").exists()
-            }
+            {profile_reference_key(models[t, p]) for t, p, run in ran if run in profiled_of}
         ),
         simulated_with=sorted(map(str, sources)),
         interrupted=interrupted,

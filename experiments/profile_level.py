@@ -41,6 +41,7 @@ from experiments.fidelity import (  # noqa: E402
     read_metrics,
     step_errors,
 )
+from testbed.profiling.profiler import reference_key  # noqa: E402
 from testbed.sim.latency import FEATURES, ProfileModel, read_profile_header  # noqa: E402
 
 PARTS = ("grid", "replay", "real_runs")
@@ -62,7 +63,7 @@ def reference_of(path: Path, phase: str = "replay") -> float:
     header does not split it (``reference_probe_s``); a clear error naming the
     file where it has none."""
     header = read_profile_header(path)
-    value = header.get(f"reference_probe_{phase}_s", header.get("reference_probe_s"))
+    value = header.get(reference_key(header, phase))
     if value is None:
         raise SystemExit(
             f"{path}: no reference_probe_s in its header (fidelity.py measured it without "

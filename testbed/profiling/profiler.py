@@ -580,6 +580,15 @@ def run_profile(
     return write(f"{name}.csv", **reference_header(reference, *replay))
 
 
+def reference_key(header: dict[str, str], phase: str = "replay") -> str:
+    """The key of a profile header's reference probe during ``phase`` ("grid" or
+    "replay", as :func:`reference_header` writes them), or of the whole profile's
+    (``reference_probe_s``) where the header does not split it: tables measured
+    before the split, or merged from passes that did not all have it."""
+    key = f"reference_probe_{phase}_s"
+    return key if key in header else "reference_probe_s"
+
+
 def reference_header(
     reference: ReferenceProbe | None, replay_start: float = math.inf, replay_end: float = math.inf
 ) -> dict:

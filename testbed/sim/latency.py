@@ -289,14 +289,10 @@ class ProfileModel:
         # that it predicts the replay's steps in total, the model's level is that
         # of a trace replayed on the engine, as the simulator uses it; ``level``
         # says by how much (1: a table without a replay).
-        self.level = 1.0
-        replay_rows = groups is not None and bool((groups == "replay").any())
-        if replay_rows:
-            replay = groups == "replay"
-            predicted = float((x[replay] @ self.coef).sum())
-            if predicted > 0:  # NNLS on positive latencies: always, but never divide by 0
-                self.level = float(y[replay].sum()) / predicted
-                self.coef = self.coef * self.level
+        replay = groups == "replay" if groups is not None else np.zeros(len(y), dtype=bool)
+        predicted = float((x[replay] @ self.coef).sum())  # 0 without a replay
+        self.level = float(y[replay].sum()) / predicted if predicted > 0 else 1.0
+        self.coef = self.coef * self.level
         self._coef = [float(c) for c in self.coef[: len(smooth)]]  # Python floats: fast
         # A decode-only batch's own term by its size (0: any other step).
         self._decode_extra = [0.0] * (DECODE_SIZES + 1)
@@ -310,7 +306,7 @@ class ProfileModel:
         self.source = (
             f"profile {self.path.name} ({self.header.get('device', '?')}, "
             f"{self.header.get('date', '?')}; sha1 {digest}"
-            + (f"; level {self.level:.4f}, the replay's)" if replay_rows else ")")
+            + (f"; level {self.level:.4f}, the replay's)" if replay.any() else ")")
         )
 
     def _smooth(self, num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv):
