@@ -1,9 +1,11 @@
 """The profiler: measures the real engine's steps on the machine at hand.
 
 For each point of a grid of batch compositions (decodes at several batch sizes
-and context lengths, prefills of several lengths, and prefills mixed with
-decodes) it builds exactly that batch in a real engine (fcfs, prefix caching
-off so every token is computed), runs warm-up steps, then times ``repeats``
+and context lengths, prefills of several lengths, from scratch and after a
+cached prefix, and prefills mixed with decodes) it builds exactly that batch in
+a real engine (fcfs; prefix caching off so every token is computed, except for
+the points whose prefill follows a prefix the engine holds cached), runs
+warm-up steps, then times ``repeats``
 steps: the whole ``EngineCore.step`` cycle (scheduling, input preparation, the
 forward pass, sampling, accounting), and separately its parts. It writes the
 profile table of DESIGN.md: one row per grid point with the step features the
@@ -34,13 +36,20 @@ DECODE_BATCHES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 32, 64)
 CONTEXTS = (64, 256, 1024, 2000)
 PREFILLS = (16, 64, 128, 256, 384, 512, 768, 1024, 1536, 2000)
 
-# (decode batch, decode context, prefill tokens) per point. Every small decode
-# batch: a GEMM of a few rows is not smooth in their number (see
-# testbed.sim.latency.DECODE_SIZES).
+# (decode batch, decode context, prefill tokens[, cached prefix tokens]) per
+# point (see Point). Every small decode batch: a GEMM of a few rows is not smooth
+# in their number (see testbed.sim.latency.DECODE_SIZES). Prefills after a cached
+# prefix, as a trace with prefix sharing (Mooncake's conversations, a shared
+# system prompt) produces them: from scratch a prefill's attention pairs, KV
+# tokens read and longest context all follow from its length, so only these
+# points tell the latency model what attention over a long cached context costs
+# beside the tokens computed.
+PREFIX_POINTS = [(0, 0, p, c) for c in (256, 1024) for p in (64, 256, 768)] + [(4, 256, 256, 1024)]
 DEFAULT_GRID = (
     [(b, c, 0) for b in DECODE_BATCHES for c in CONTEXTS]
     + [(0, 0, p) for p in PREFILLS]
     + [(b, 256, p) for b in (4, 16) for p in (64, 256, 1024)]
+    + PREFIX_POINTS
 )
 # A GPU's engine batches up to the engine's max_num_seqs (256) and a step of 8B
 # weights costs about as much for 1 as for 100 decodes, so the grid goes on from
@@ -58,12 +67,14 @@ GPU_GRID = (
 GRIDS = {
     "default": DEFAULT_GRID,
     "gpu": GPU_GRID,
-    "quick": [(b, 128, 0) for b in (1, 4, 16)] + [(0, 0, p) for p in (32, 256)] + [(4, 128, 128)],
+    "quick": [(b, 128, 0) for b in (1, 4, 16)]
+    + [(0, 0, p) for p in (32, 256)]
+    + [(4, 128, 128), (0, 0, 64, 256)],
 }
 GRID_CHOICES = ("auto", *GRIDS)  # auto: gpu on a CUDA device, else default
 
 
-def grid_points(name: str, device: str | None) -> tuple[str, list[tuple[int, int, int]]]:
+def grid_points(name: str, device: str | None) -> tuple[str, list[tuple[int, ...]]]:
     """The grid called ``name`` (``auto``: ``gpu`` where the engine runs on a GPU,
     ``default`` elsewhere) and its points."""
     if name == "auto":
@@ -141,9 +152,20 @@ def sync(device: torch.device) -> None:
 
 @dataclass
 class Point:
+    """One grid point: ``decode_batch`` requests each decoding after ``context``
+    tokens, beside one request prefilling ``prefill_tokens`` tokens after
+    ``prefix_tokens`` prompt tokens the engine already holds in its prefix cache
+    (a whole number of KV blocks)."""
+
     decode_batch: int
     context: int
     prefill_tokens: int
+    prefix_tokens: int = 0
+
+    def label(self) -> str:
+        """``decodes x context + prefill`` (``+ prefill after prefix``)."""
+        text = f"{self.decode_batch}x{self.context}+{self.prefill_tokens}"
+        return text + (f"@{self.prefix_tokens}" if self.prefix_tokens else "")
 
 
 # Sampled as trace replay samples (temperature 1, no top-k or top-p), so that the
@@ -151,10 +173,13 @@ class Point:
 SAMPLING = dict(temperature=1.0, ignore_eos=True)
 
 
-def _request(rid: str, n: int, out: int, rng: random.Random, vocab: int) -> Request:
+def _request(
+    rid: str, n: int, out: int, rng: random.Random, vocab: int, prefix: list[int] | None = None
+) -> Request:
+    """A request of ``n`` random prompt tokens (after ``prefix``) and ``out`` output tokens."""
     return Request(
         request_id=rid,
-        prompt_token_ids=[rng.randrange(vocab) for _ in range(n)],
+        prompt_token_ids=(prefix or []) + [rng.randrange(vocab) for _ in range(n)],
         sampling_params=SamplingParams(max_tokens=out, **SAMPLING),
     )
 
@@ -177,6 +202,21 @@ def start_decoders(
     return decodes
 
 
+def cache_prefix(engine, point: Point, rng: random.Random, vocab: int) -> list[int]:
+    """The ``point.prefix_tokens`` tokens the point's prefills start with, run once
+    through ``engine`` (untimed) so that its prefix cache holds them; [] for none."""
+    if not point.prefix_tokens:
+        return []
+    if not engine.scheduler.kv.enable_prefix_caching:
+        raise ValueError(f"profiler point {point.label()}: needs an engine with prefix caching")
+    first = _request("prefix", point.prefix_tokens, 1, rng, vocab)
+    first.arrival_time = engine.clock()
+    engine.add_request(first)
+    while engine.has_unfinished_requests():
+        engine.step()
+    return list(first.prompt_token_ids)
+
+
 def decoder_output(point: Point, steps: int) -> int:
     """Output tokens each of a point's decoders is asked for: enough that none
     finishes before the point's ``steps`` timed and warm-up steps are over, however
@@ -187,23 +227,33 @@ def decoder_output(point: Point, steps: int) -> int:
 def measure_point(
     engine, executor, point: Point, repeats: int, warmup: int, vocab: int, seed: int
 ) -> dict:
-    """Median cycle time of ``repeats`` steps of exactly this composition."""
+    """Median cycle time of ``repeats`` steps of exactly this composition. A point
+    with a cached prefix needs an engine with prefix caching on: its prefix is
+    prefilled once (untimed), then every timed prefill repeats it in front of
+    fresh tokens."""
     rng = random.Random(seed)
     sched, clock = engine.scheduler, engine.clock
     steps = warmup + repeats
+    prefix = cache_prefix(engine, point, rng, vocab)
     out_len = decoder_output(point, steps)
     decodes = start_decoders(engine, point, out_len, rng, vocab, "d")
     timed_backend = executor.backend = TimedBackend(executor.backend, executor.device)
     rows = []
     for k in range(steps):
         if point.prefill_tokens:
-            p = _request(f"p{k}", point.prefill_tokens, 1, rng, vocab)
+            p = _request(f"p{k}", point.prefill_tokens, 1, rng, vocab, prefix)
             p.arrival_time = clock()
             engine.add_request(p)
         timed_backend.seconds = 0.0
         t0 = time.perf_counter()
         so = sched.schedule(clock())
         t1 = time.perf_counter()
+        if point.prefill_tokens and so.num_prefill_tokens != point.prefill_tokens:
+            raise RuntimeError(
+                f"profiler point {point.label()}: scheduled {so.num_prefill_tokens} prefill "
+                f"tokens, not {point.prefill_tokens} (a prefix not cached, or a token budget "
+                "too small)"
+            )
         result = executor.execute(so)
         sync(executor.device)
         t2 = time.perf_counter()
@@ -249,6 +299,7 @@ def summarize_point(point: Point, rows: list[dict]) -> dict:
         decode_batch=point.decode_batch,
         context=point.context,
         prefill_tokens=point.prefill_tokens,
+        prefix_tokens=point.prefix_tokens,
         **feature_columns(rows[mid]["features"]),
         latency_s=med(totals),
         latency_min_s=min(totals),
@@ -450,9 +501,10 @@ def fit_args(args: EngineArgs, points: list[Point], repeats: int, warmup: int) -
     def blocks(tokens: int) -> int:
         return -(-tokens // bs)
 
-    longest = max(max(p.context + decoder_output(p, steps), p.prefill_tokens + 1) for p in points)
+    prompt = max(p.prefix_tokens + p.prefill_tokens + 1 for p in points)
+    longest = max(max(p.context + decoder_output(p, steps) for p in points), prompt)
     need = max(p.decode_batch * blocks(p.context + decoder_output(p, steps)) for p in points)
-    need += blocks(max(p.prefill_tokens for p in points) + 1)  # a point's prefill beside them
+    need += blocks(prompt)  # a point's prefill (after its cached prefix) beside them
     args.enable_prefix_caching = False
     batch = max(p.decode_batch for p in points) + 1
     args.max_num_seqs = max(args.max_num_seqs, batch)
@@ -463,7 +515,7 @@ def fit_args(args: EngineArgs, points: list[Point], repeats: int, warmup: int) -
 
 def run_profile(
     args: EngineArgs,
-    grid: str | Iterable[tuple[int, int, int]],
+    grid: str | Iterable[tuple[int, ...]],
     repeats: int = 5,
     warmup: int = 2,
     out_dir: str | Path = "profiles",
@@ -520,29 +572,45 @@ def run_profile(
     if reference is not None:
         running.enter_context(reference)
         reference.watch(executor)
+    cached: tuple | None = None  # the engine of the points after a cached prefix
+
+    def engine_for(point: Point) -> tuple:
+        """The grid's engine, or for a point after a cached prefix one like it with
+        prefix caching on (built once, sharing the weights)."""
+        nonlocal cached
+        if not point.prefix_tokens:
+            return engine, executor
+        if cached is None:
+            caching = replace(args, enable_prefix_caching=True)
+            cached = build_engine(caching, model=model, weights=executor.model)[:2]
+            cached[1].record_timings = True
+            if reference is not None:
+                reference.watch(cached[1])
+        return cached
+
     try:
         idle_probe = IdleProbe(args, executor)
         grid_start = time.perf_counter()
         for point in points:
             if done and max_grid_s is not None and time.perf_counter() - grid_start > max_grid_s:
                 break
-            r = measure_point(engine, executor, point, repeats, warmup, cfg.vocab_size, done)
+            r = measure_point(*engine_for(point), point, repeats, warmup, cfg.vocab_size, done)
             rows.append(r)
             rows += idle_probe_rows([idle_probe.after_pause()], "between_points")
             done += 1
+            after = f" after {point.prefix_tokens} cached" if point.prefix_tokens else ""
             print(
                 f"  [{done}/{len(points)}] decodes {point.decode_batch:>3} x ctx "
-                f"{point.context:>5}, prefill {point.prefill_tokens:>5}: "
+                f"{point.context:>5}, prefill {point.prefill_tokens:>5}{after}: "
                 f"{r['latency_s'] * 1e3:8.2f} ms",
                 flush=True,
             )
+        cached = None
         if done < len(points):
-            skipped = ", ".join(
-                f"{p.decode_batch}x{p.context}+{p.prefill_tokens}" for p in points[done:]
-            )
+            skipped = ", ".join(p.label() for p in points[done:])
             grid_note = (
                 f"{grid_name} ({done} of {len(points)} points; skipped at the {max_grid_s:g} s "
-                f"limit, as decodes x context + prefill: {skipped})"
+                f"limit, as decodes x context + prefill[@cached prefix]: {skipped})"
             )
             print(f"  grid stopped at its {max_grid_s:g} s limit: {grid_note}", flush=True)
         print(f"  replaying {replay_requests} synthetic requests for realistic step mixes ...")

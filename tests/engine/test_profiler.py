@@ -48,6 +48,9 @@ def test_profile_mode_writes_a_table_with_its_provenance_and_speed_probe(tmp_pat
     median, *words = header["idle_probe_s"].split()  # "<s> (median of <n> samples; ..."
     assert float(median) == pytest.approx(idle["latency_s"].median(), rel=1e-4)
     assert int(words[2].rstrip(";")) == len(idle)
+    # The point after a cached prefix of 256 tokens computes only its 64 new ones.
+    cached = points[points["prefix_tokens"] > 0]
+    assert len(cached) == 1 and (cached[["num_tokens", "max_kv"]].values == [64, 320]).all()
     # Decode steps cost more with more requests; the fit's own error is small.
     decodes = points[points["prefill_tokens"] == 0].sort_values("decode_batch")
     assert decodes["latency_s"].is_monotonic_increasing
@@ -211,9 +214,12 @@ def test_the_auto_grid_is_the_gpu_grid_on_a_gpu_and_the_default_elsewhere():
     gpu = GRIDS["gpu"]
     # The engine's default batch limit, contexts past 2000, batch mixes of 64;
     # every point of the default grid, and no point of more than 256k cached tokens.
-    assert max(b for b, _, _ in gpu) == 256 and max(c for _, c, _ in gpu) == 4096
+    assert max(g[0] for g in gpu) == 256 and max(g[1] for g in gpu) == 4096
     assert (64, 256, 1024) in gpu and set(GRIDS["default"]) <= set(gpu)
-    assert max(b * c for b, c, _ in gpu) <= 2**18
+    assert max(g[0] * g[1] for g in gpu) <= 2**18
+    # Prefills after a cached prefix, in every grid (the quick one's too).
+    for grid in GRIDS.values():
+        assert any(len(g) == 4 and g[3] > 0 and g[2] > 0 for g in grid)
 
 
 def test_the_profilers_kv_cache_holds_each_point_not_the_largest_batch_at_the_longest_context():
@@ -239,6 +245,33 @@ def test_the_profilers_kv_cache_holds_each_point_not_the_largest_batch_at_the_lo
     assert engine.scheduler.num_preemptions == 0
 
 
+def test_a_prefill_after_a_cached_prefix_computes_only_its_new_tokens():
+    # What a trace with prefix sharing produces: attention over a long cached
+    # context beside few tokens computed, which no prefill from scratch shows.
+    from dataclasses import replace
+
+    from testbed.engine.llm import EngineArgs, build_engine
+    from testbed.profiling.profiler import Point, fit_args, measure_point
+
+    grid = [Point(0, 0, 48, 320), Point(3, 64, 32, 512)]
+    args = EngineArgs(model="dummy-llama", device="cpu", block_size=16)
+    fit_args(args, grid, repeats=2, warmup=1)
+    assert args.max_model_len >= 512 + 32 + 1 and not args.enable_prefix_caching
+    plain, executor, cfg = build_engine(args)
+    with pytest.raises(ValueError, match="0x0\\+48@320: needs an engine with prefix caching"):
+        measure_point(plain, executor, grid[0], 2, 1, cfg.vocab_size, 0)
+    engine, executor, _ = build_engine(replace(args, enable_prefix_caching=True), model=None)
+    for i, p in enumerate(grid):
+        row = measure_point(engine, executor, p, 2, 1, cfg.vocab_size, i)
+        assert row["prefix_tokens"] == p.prefix_tokens
+        assert row["num_reqs"] == p.decode_batch + 1
+        assert row["num_tokens"] == p.decode_batch + p.prefill_tokens  # the prefix is not
+        n, c = p.prefill_tokens, p.prefix_tokens
+        assert row["attn_pairs"] >= n * (c + (n + 1) / 2)  # (and the decodes' pairs)
+        assert row["max_kv"] == c + n and row["kv_tokens"] >= c + n
+    assert engine.scheduler.num_preemptions == 0
+
+
 def test_a_profile_past_its_grid_time_limit_skips_the_rest_names_them_and_still_replays(tmp_path):
     from testbed.engine.llm import EngineArgs
     from testbed.profiling.profiler import run_profile
@@ -257,7 +290,7 @@ def test_a_profile_past_its_grid_time_limit_skips_the_rest_names_them_and_still_
     header = read_profile_header(path)
     n = len(GRIDS["quick"])
     assert header["grid"].startswith(f"quick (1 of {n} points; skipped at the 1e-09 s limit")
-    assert header["grid"].endswith("4x128+0, 16x128+0, 0x0+32, 0x0+256, 4x128+128)")
+    assert header["grid"].endswith("4x128+0, 16x128+0, 0x0+32, 0x0+256, 4x128+128, 0x0+64@256)")
     table = pd.read_csv(path, comment="#")
     assert (table["grid"] == "point").sum() == 1 and (table["grid"] == "replay").sum() > 6
     assert ProfileModel(path).fit_rel_error < 0.5  # the replay's steps still fit

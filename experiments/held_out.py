@@ -1,0 +1,139 @@
+"""How the latency model predicts batch compositions its profile does not hold.
+
+For each profile table given, it fits :class:`~testbed.sim.latency.ProfileModel`
+twice: to the whole table, and to the table without one group of grid points
+(``--leave-out``), then predicts that group's points with both. The whole fit's
+error on them is how well one model serves them and every other step; the
+held-out fit's error is what a profile without such points predicts for them,
+as a simulation of a workload that produces them (and of a profile measured
+before the grid had them) would. Groups:
+
+- ``cached_prefix``: prefills after a prefix the engine holds cached, as prefix
+  sharing produces (Mooncake's conversations): attention over a long context
+  beside few tokens computed;
+- ``mixed``: prefills beside decodes;
+- ``long_prefill``: prefills of 1,024 tokens or more.
+
+Prints a table per profile and a summary, and writes them as CSV and Markdown
+with the summary in JSON to ``--out``.
+
+    python experiments/held_out.py profiles/cpu1/dummy-llama.csv --out /tmp/held_out
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from experiments.fidelity import markdown_table  # noqa: E402
+from testbed.sim.latency import FEATURES, ProfileModel  # noqa: E402
+
+GROUPS: dict[str, Callable[[pd.DataFrame], pd.Series]] = {
+    "cached_prefix": lambda t: t.get("prefix_tokens", pd.Series(0, index=t.index)).fillna(0) > 0,
+    "mixed": lambda t: (t["decode_batch"] > 0) & (t["prefill_tokens"] > 0),
+    "long_prefill": lambda t: t["prefill_tokens"] >= 1024,
+}
+
+
+def header_lines(path: Path) -> list[str]:
+    with open(path) as f:
+        return [line for line in f if line.startswith("#")]
+
+
+def fit_without(path: Path, table: pd.DataFrame, drop: pd.Series) -> ProfileModel:
+    """The latency model fitted to ``path``'s table less the rows ``drop`` marks."""
+    with tempfile.TemporaryDirectory() as tmp:
+        kept = Path(tmp) / path.name
+        kept.write_text("".join(header_lines(path)))
+        table[~drop].to_csv(kept, mode="a", index=False)
+        return ProfileModel(kept)
+
+
+def held_out(path: str | Path, group: str) -> pd.DataFrame:
+    """One row per grid point of ``group`` in the profile at ``path``: measured,
+    predicted by the whole fit and by the fit without the group, and their
+    relative errors (predicted over measured, less 1)."""
+    path = Path(path)
+    table = pd.read_csv(path, comment="#")
+    points = (table["kind"] == "step") & (table["grid"] == "point")
+    drop = points & GROUPS[group](table)
+    if not drop.any():
+        raise ValueError(f"{path}: no grid point of group {group!r} (a profile from before it?)")
+    whole, without = ProfileModel(path), fit_without(path, table, drop)
+    rows = table[drop]
+    feats = [rows[c].to_numpy(float) for c in FEATURES]
+    out = rows[["decode_batch", "context", "prefill_tokens"]].copy()
+    out["prefix_tokens"] = rows.get("prefix_tokens", 0)
+    out["measured_s"] = rows["latency_s"]
+    for name, model in (("whole", whole), ("held_out", without)):
+        pred = np.array([model.predict(*(float(f[i]) for f in feats)) for i in range(len(rows))])
+        out[f"{name}_s"] = pred
+        out[f"{name}_err"] = pred / out["measured_s"] - 1
+    out.insert(0, "profile", str(path))
+    return out.reset_index(drop=True)
+
+
+def summary(table: pd.DataFrame) -> dict:
+    """Mean and largest absolute error of each fit over the group's points."""
+    return {
+        f"{name}_{stat}": float(f(table[f"{name}_err"]))
+        for name in ("whole", "held_out")
+        for stat, f in (("mean_err", np.mean), ("max_abs_err", lambda e: np.abs(e).max()))
+    }
+
+
+def points_markdown(table: pd.DataFrame) -> str:
+    """:func:`held_out`'s rows as Markdown (latencies in ms)."""
+    columns = ["profile", "decodes", "context", "prefill", "after cached", "measured ms"]
+    columns += ["whole fit ms", "error", "held-out fit ms", "error"]
+    rows = [
+        [Path(r["profile"]).parent.name + "/" + Path(r["profile"]).name]
+        + [str(int(r[c])) for c in ("decode_batch", "context", "prefill_tokens", "prefix_tokens")]
+        + [f"{r['measured_s'] * 1e3:.2f}", f"{r['whole_s'] * 1e3:.2f}", f"{r['whole_err']:+.1%}"]
+        + [f"{r['held_out_s'] * 1e3:.2f}", f"{r['held_out_err']:+.1%}"]
+        for _, r in table.iterrows()
+    ]
+    return markdown_table(columns, rows, left=1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("profiles", nargs="+", type=Path, help="profile tables (profiles/<hw>/<m>.csv)")
+    ap.add_argument("--leave-out", default="cached_prefix", choices=sorted(GROUPS))
+    ap.add_argument("--out", type=Path, help="folder for held_out.csv, .md and .json")
+    args = ap.parse_args()
+    tables = [held_out(p, args.leave_out) for p in args.profiles]
+    every = pd.concat(tables, ignore_index=True)
+    sums = {str(p): summary(t) for p, t in zip(args.profiles, tables, strict=True)}
+    text = (
+        f"Grid points of group `{args.leave_out}`: measured against the fit to the whole\n"
+        "profile and the fit without them (error: predicted over measured, less 1).\n\n"
+        + points_markdown(every)
+        + "\n"
+        + markdown_table(
+            ["profile", *(k.replace("_", " ") for k in summary(tables[0]))],
+            [[p, *(f"{v:+.1%}" for v in s.values())] for p, s in sums.items()],
+            left=1,
+        )
+    )
+    print(text)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        every.to_csv(args.out / "held_out.csv", index=False, float_format="%.6g")
+        (args.out / "held_out.md").write_text(text + "\n")
+        meta = dict(leave_out=args.leave_out, profiles=sums)
+        (args.out / "held_out.json").write_text(json.dumps(meta, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
