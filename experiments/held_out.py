@@ -14,10 +14,16 @@ before the grid had them) would. Groups:
 - ``mixed``: prefills beside decodes;
 - ``long_prefill``: prefills of 1,024 tokens or more.
 
-Prints a table per profile and a summary, and writes them as CSV and Markdown
-with the summary in JSON to ``--out``.
+With ``--runs`` (real run directories, e.g. a fidelity experiment's), both
+fits also predict every step of those runs: the error of the summed busy time of
+the steps with a prefill chunk beside that of plain decode steps (predicted over
+measured, less 1; the machine's speed moves both alike, so their difference is
+the model's). Prints the tables and writes them as CSV and Markdown with the
+summaries in JSON to ``--out``.
 
     python experiments/held_out.py profiles/cpu1/dummy-llama.csv --out /tmp/held_out
+    python experiments/held_out.py outputs/fidelity/<stamp>/profiles/cpu1/dummy-llama.csv \
+        --runs outputs/fidelity/<stamp>/mooncake_conv/*-real
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from experiments.fidelity import markdown_table  # noqa: E402
+from experiments.fidelity import busy_steps, markdown_table, step_errors  # noqa: E402
 from testbed.sim.latency import FEATURES, ProfileModel  # noqa: E402
 
 GROUPS: dict[str, Callable[[pd.DataFrame], pd.Series]] = {
@@ -59,23 +65,50 @@ def fit_without(path: Path, table: pd.DataFrame, drop: pd.Series) -> ProfileMode
         return ProfileModel(kept)
 
 
-def held_out(path: str | Path, group: str) -> pd.DataFrame:
-    """One row per grid point of ``group`` in the profile at ``path``: measured,
-    predicted by the whole fit and by the fit without the group, and their
-    relative errors (predicted over measured, less 1)."""
+def fits(path: str | Path, group: str) -> tuple[pd.DataFrame, pd.Series, dict]:
+    """``path``'s table, which of its rows are ``group``'s grid points, and the
+    latency model fitted to the whole table and without them."""
     path = Path(path)
     table = pd.read_csv(path, comment="#")
     points = (table["kind"] == "step") & (table["grid"] == "point")
     drop = points & GROUPS[group](table)
     if not drop.any():
         raise ValueError(f"{path}: no grid point of group {group!r} (a profile from before it?)")
-    whole, without = ProfileModel(path), fit_without(path, table, drop)
+    return table, drop, dict(whole=ProfileModel(path), held_out=fit_without(path, table, drop))
+
+
+def run_steps(models: dict, runs: list[Path]) -> pd.DataFrame:
+    """Each fit's error on the real runs' steps: steps with a prefill chunk and
+    plain decode steps, summed busy time, one row per run and fit."""
+    rows = []
+    for run in runs:
+        for name, model in models.items():
+            err = step_errors(busy_steps(run, model))
+            rows.append(
+                dict(
+                    run=run.name,
+                    fit=name,
+                    prefill=err.get("step_err_prefill_total", np.nan),
+                    decode=err.get("step_err_decode_total", np.nan),
+                    total=err["step_err_total"],
+                )
+            )
+    out = pd.DataFrame(rows)
+    out["prefill_vs_decode"] = (1 + out["prefill"]) / (1 + out["decode"]) - 1
+    return out
+
+
+def held_out(path: str | Path, group: str) -> pd.DataFrame:
+    """One row per grid point of ``group`` in the profile at ``path``: measured,
+    predicted by the whole fit and by the fit without the group, and their
+    relative errors (predicted over measured, less 1)."""
+    table, drop, models = fits(path, group)
     rows = table[drop]
     feats = [rows[c].to_numpy(float) for c in FEATURES]
     out = rows[["decode_batch", "context", "prefill_tokens"]].copy()
     out["prefix_tokens"] = rows.get("prefix_tokens", 0)
     out["measured_s"] = rows["latency_s"]
-    for name, model in (("whole", whole), ("held_out", without)):
+    for name, model in models.items():
         pred = np.array([model.predict(*(float(f[i]) for f in feats)) for i in range(len(rows))])
         out[f"{name}_s"] = pred
         out[f"{name}_err"] = pred / out["measured_s"] - 1
@@ -97,7 +130,7 @@ def points_markdown(table: pd.DataFrame) -> str:
     columns = ["profile", "decodes", "context", "prefill", "after cached", "measured ms"]
     columns += ["whole fit ms", "error", "held-out fit ms", "error"]
     rows = [
-        [Path(r["profile"]).parent.name + "/" + Path(r["profile"]).name]
+        [r["profile"]]
         + [str(int(r[c])) for c in ("decode_batch", "context", "prefill_tokens", "prefix_tokens")]
         + [f"{r['measured_s'] * 1e3:.2f}", f"{r['whole_s'] * 1e3:.2f}", f"{r['whole_err']:+.1%}"]
         + [f"{r['held_out_s'] * 1e3:.2f}", f"{r['held_out_err']:+.1%}"]
@@ -111,10 +144,16 @@ def main() -> None:
     ap.add_argument("profiles", nargs="+", type=Path, help="profile tables (profiles/<hw>/<m>.csv)")
     ap.add_argument("--leave-out", default="cached_prefix", choices=sorted(GROUPS))
     ap.add_argument("--out", type=Path, help="folder for held_out.csv, .md and .json")
+    ap.add_argument("--runs", nargs="*", type=Path, default=[], help="real run directories")
     args = ap.parse_args()
     tables = [held_out(p, args.leave_out) for p in args.profiles]
     every = pd.concat(tables, ignore_index=True)
     sums = {str(p): summary(t) for p, t in zip(args.profiles, tables, strict=True)}
+    steps = pd.concat(
+        [run_steps(fits(p, args.leave_out)[2], args.runs).assign(profile=str(p))
+         for p in args.profiles if args.runs]
+        or [pd.DataFrame()]
+    )  # fmt: skip
     text = (
         f"Grid points of group `{args.leave_out}`: measured against the fit to the whole\n"
         "profile and the fit without them (error: predicted over measured, less 1).\n\n"
@@ -126,11 +165,25 @@ def main() -> None:
             left=1,
         )
     )
+    if len(steps):
+        columns = ["profile", "run", "fit", "prefill steps", "decode steps", "prefill vs decode"]
+        text += "\nThe real runs' steps, summed busy time (predicted over measured, less 1):\n\n"
+        text += markdown_table(
+            columns,
+            [
+                [r["profile"], r["run"], r["fit"]]
+                + [f"{r[c]:+.1%}" for c in ("prefill", "decode", "prefill_vs_decode")]
+                for _, r in steps.iterrows()
+            ],
+            left=3,
+        )
     print(text)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         every.to_csv(args.out / "held_out.csv", index=False, float_format="%.6g")
         (args.out / "held_out.md").write_text(text + "\n")
+        if len(steps):
+            steps.to_csv(args.out / "held_out_steps.csv", index=False, float_format="%.6g")
         meta = dict(leave_out=args.leave_out, profiles=sums)
         (args.out / "held_out.json").write_text(json.dumps(meta, indent=1) + "\n")
 

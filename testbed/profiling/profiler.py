@@ -36,6 +36,22 @@ DECODE_BATCHES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 32, 64)
 CONTEXTS = (64, 256, 1024, 2000)
 PREFILLS = (16, 64, 128, 256, 384, 512, 768, 1024, 1536, 2000)
 
+
+def interleave(first: list, second: list) -> list:
+    """Both lists' items, each list in its own order, spread evenly over the
+    result, so that any stretch of it holds both in proportion. The profiler
+    measures the points in the grid's order, and a VM's speed drifts over the
+    minutes a pass takes: measured one kind after the other, decodes and
+    prefills see different speeds and the fit's split between their costs is off
+    by as much (in experiments/results/fidelity_cpu1_prefix_points/ the idle
+    probe ran 9% slower through one pass's decode points than through its
+    prefill points, 6% faster in the next pass, and the prefill steps of the
+    runs came out 13% under and 3-6% over predicted beside their decode steps)."""
+    n, m = len(first), len(second)
+    keyed = [((i + 0.5) / n, 0, i) for i in range(n)] + [((j + 0.5) / m, 1, j) for j in range(m)]
+    return [(first, second)[k][i] for _, k, i in sorted(keyed)]
+
+
 # (decode batch, decode context, prefill tokens[, cached prefix tokens]) per
 # point (see Point). Every small decode batch: a GEMM of a few rows is not smooth
 # in their number (see testbed.sim.latency.DECODE_SIZES). Prefills after a cached
@@ -45,11 +61,12 @@ PREFILLS = (16, 64, 128, 256, 384, 512, 768, 1024, 1536, 2000)
 # points tell the latency model what attention over a long cached context costs
 # beside the tokens computed.
 PREFIX_POINTS = [(0, 0, p, c) for c in (256, 1024) for p in (64, 256, 768)] + [(4, 256, 256, 1024)]
-DEFAULT_GRID = (
-    [(b, c, 0) for b in DECODE_BATCHES for c in CONTEXTS]
-    + [(0, 0, p) for p in PREFILLS]
+# Decode points and points with a prefill are interleaved (see interleave).
+DEFAULT_GRID = interleave(
+    [(b, c, 0) for b in DECODE_BATCHES for c in CONTEXTS],
+    [(0, 0, p) for p in PREFILLS]
     + [(b, 256, p) for b in (4, 16) for p in (64, 256, 1024)]
-    + PREFIX_POINTS
+    + PREFIX_POINTS,
 )
 # A GPU's engine batches up to the engine's max_num_seqs (256) and a step of 8B
 # weights costs about as much for 1 as for 100 decodes, so the grid goes on from
@@ -58,18 +75,18 @@ DEFAULT_GRID = (
 # profiler's time), to contexts of 4096 and to mixes with 64 decodes. The default
 # grid's points come first, so that a profile cut short by its time limit
 # (``max_grid_s``) has those.
-GPU_GRID = (
-    DEFAULT_GRID
-    + [(b, c, 0) for b in (128, 256) for c in CONTEXTS if b * c <= 2**18]
-    + [(b, 4096, 0) for b in (1, 4, 16, 64)]
-    + [(64, 256, p) for p in (64, 256, 1024)]
+GPU_GRID = DEFAULT_GRID + interleave(
+    [(b, c, 0) for b in (128, 256) for c in CONTEXTS if b * c <= 2**18]
+    + [(b, 4096, 0) for b in (1, 4, 16, 64)],
+    [(64, 256, p) for p in (64, 256, 1024)],
 )
 GRIDS = {
     "default": DEFAULT_GRID,
     "gpu": GPU_GRID,
-    "quick": [(b, 128, 0) for b in (1, 4, 16)]
-    + [(0, 0, p) for p in (32, 256)]
-    + [(4, 128, 128), (0, 0, 64, 256)],
+    "quick": interleave(
+        [(b, 128, 0) for b in (1, 4, 16)],
+        [(0, 0, p) for p in (32, 256)] + [(4, 128, 128), (0, 0, 64, 256)],
+    ),
 }
 GRID_CHOICES = ("auto", *GRIDS)  # auto: gpu on a CUDA device, else default
 
@@ -684,6 +701,23 @@ def reference_header(
     return header
 
 
+def cpu_name() -> str:
+    """The host CPU's model name and widest vector extension (Linux; what
+    ``platform`` knows elsewhere): two VMs of one name may differ 2-3x in a small
+    model's step time (an AVX-512 one against an AVX2 AMD EPYC, 2026-12-02)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    first = info.split("\n\n", 1)[0]  # the first processor's block
+    fields = dict(line.split(":", 1) for line in first.splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    vector = next((f for f in ("avx512f", "avx2", "avx", "neon") if f in flags), "")
+    name = fields.get("model name") or platform.machine()
+    return name + (f", {vector.removesuffix('f').upper()}" if vector else "")
+
+
 def profile_header(
     args: EngineArgs,
     replay_args: EngineArgs,
@@ -700,6 +734,7 @@ def profile_header(
         if device.type == "cuda"
         else f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
         + (f", pinned to cores {sorted(args.cpus)}" if args.cpus is not None else ""),
+        "cpu": cpu_name(),
         "hardware": hardware,
         "model": name,
         "dtype": str(next(executor.model.parameters()).dtype).removeprefix("torch."),
@@ -763,8 +798,8 @@ def merge_profiles(paths: list[Path], out: Path) -> Path:
     if not paths:
         raise ValueError("merge_profiles: no profiles to merge")
     headers = [read_profile_header(Path(p)) for p in paths]
-    for key in ("hardware", "model", "dtype", "block_size", "attention_backend"):
-        seen = {h.get(key) for h in headers}
+    for key in ("hardware", "model", "dtype", "block_size", "attention_backend", "cpu"):
+        seen = {h[key] for h in headers if key in h}  # (cpu: not in tables before 12-02)
         if len(seen) > 1:
             differ = sorted(map(str, seen))
             raise ValueError(f"merge_profiles: the passes differ in {key}: {differ}")

@@ -25,7 +25,7 @@ def test_profile_mode_writes_a_table_with_its_provenance_and_speed_probe(tmp_pat
     path = tmp_path / "cpu" / "dummy-llama.csv"
     assert out["profile"] == str(path)
     header = read_profile_header(path)
-    for key in ("device", "date", "torch", "model", "dtype", "block_size", "measured_by"):
+    for key in ("device", "cpu", "date", "torch", "model", "dtype", "block_size", "measured_by"):
         assert header.get(key), key
     probe, before, after = (float(v.strip("(),")) for v in header["speed_probe_s"].split())
     assert probe == pytest.approx((before + after) / 2, rel=1e-4)
@@ -135,6 +135,16 @@ def test_merged_passes_fit_the_mean_speed_and_keep_every_row(tmp_path):
     )
     with pytest.raises(ValueError, match="differ in hardware"):
         merge_profiles([paths[0], other], tmp_path / "bad.csv")
+    # Passes on two kinds of CPU do not merge; a pass from before the header named
+    # its CPU merges with one that does.
+    cpus = []
+    for cpu in ("AMD EPYC, AVX2", "Some Xeon, AVX512"):
+        cpus.append(tmp_path / cpu[:3] / "cpu1" / "m.csv")
+        header = dict(read_profile_header(paths[0]), cpu=cpu)
+        write_profile(cpus[-1], header, rows.assign(latency_s=base))
+    with pytest.raises(ValueError, match="differ in cpu"):
+        merge_profiles(cpus, tmp_path / "bad.csv")
+    merge_profiles([paths[0], cpus[0]], tmp_path / "ok.csv")
 
 
 @pytest.mark.parametrize("stop", ["point", "replay"])
@@ -222,6 +232,20 @@ def test_the_auto_grid_is_the_gpu_grid_on_a_gpu_and_the_default_elsewhere():
         assert any(len(g) == 4 and g[3] > 0 and g[2] > 0 for g in grid)
 
 
+def test_the_grid_interleaves_decode_points_and_points_with_a_prefill():
+    # A drift of the machine's speed over a pass then moves both kinds alike.
+    from testbed.profiling.profiler import interleave
+
+    assert interleave([1, 2, 3, 4], ["a", "b"]) == [1, "a", 2, 3, "b", 4]
+    assert interleave([], ["a"]) == ["a"] and interleave([1], []) == [1]
+    for name, grid in GRIDS.items():
+        prefill = [g[2] > 0 for g in grid]
+        half = len(grid) // 2
+        share = sum(prefill) / len(grid)
+        assert abs(sum(prefill[:half]) / half - share) < 0.1, name
+    assert GRIDS["gpu"][: len(GRIDS["default"])] == GRIDS["default"]  # cut short: these first
+
+
 def test_the_profilers_kv_cache_holds_each_point_not_the_largest_batch_at_the_longest_context():
     # A grid of many short decoders and a few long ones: the cache holds the
     # larger of the two (on a GPU, 256 decoders of 1024 tokens and 4 of 4096
@@ -290,7 +314,7 @@ def test_a_profile_past_its_grid_time_limit_skips_the_rest_names_them_and_still_
     header = read_profile_header(path)
     n = len(GRIDS["quick"])
     assert header["grid"].startswith(f"quick (1 of {n} points; skipped at the 1e-09 s limit")
-    assert header["grid"].endswith("4x128+0, 16x128+0, 0x0+32, 0x0+256, 4x128+128, 0x0+64@256)")
+    assert header["grid"].endswith("1x128+0, 0x0+256, 4x128+0, 4x128+128, 16x128+0, 0x0+64@256)")
     table = pd.read_csv(path, comment="#")
     assert (table["grid"] == "point").sum() == 1 and (table["grid"] == "replay").sum() > 6
     assert ProfileModel(path).fit_rel_error < 0.5  # the replay's steps still fit

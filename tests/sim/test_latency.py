@@ -169,15 +169,16 @@ def test_profile_model_fits_a_gpus_weight_bound_then_compute_bound_steps(tmp_pat
 
     truth = latency_model("llama3-8b", "h200")
     rng = np.random.default_rng(0)
-    shapes = list(GRIDS["gpu"])
+    shapes = [(*g, 0)[:4] for g in GRIDS["gpu"]]  # (decodes, context, prefill, cached prefix)
     for _ in range(300):
         d, c = int(rng.integers(1, 257)), int(rng.integers(100, 3000))
-        shapes.append((d, c, int(rng.choice([0, 0, int(rng.integers(16, 2048 - d))]))))
+        shapes.append((d, c, int(rng.choice([0, 0, int(rng.integers(16, 2048 - d))])), 0))
     rows = []
-    for d, c, p in shapes:
+    for d, c, p, pre in shapes:
         reqs, tokens = d + (p > 0), d + p
-        pairs, kv = d * (c + 1) + p * (p + 1) / 2, d * (c + 1) + p
-        rows.append((reqs, tokens, pairs, kv, truth.predict(reqs, tokens, pairs, kv, max(c, p))))
+        pairs, kv = d * (c + 1) + p * (pre + (p + 1) / 2), d * (c + 1) + pre + p
+        max_kv = max(c, pre + p)
+        rows.append((reqs, tokens, pairs, kv, truth.predict(reqs, tokens, pairs, kv, max_kv)))
     path = tmp_path / "gpu.csv"
     write_profile(path, rows)
     model = ProfileModel(path)
