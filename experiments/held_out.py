@@ -42,7 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from experiments.fidelity import busy_steps, markdown_table, step_errors  # noqa: E402
-from testbed.sim.latency import FEATURES, ProfileModel  # noqa: E402
+from testbed.profiling.profiler import write_profile  # noqa: E402
+from testbed.sim.latency import FEATURES, ProfileModel, read_profile_header  # noqa: E402
 
 GROUPS: dict[str, Callable[[pd.DataFrame], pd.Series]] = {
     "cached_prefix": lambda t: t.get("prefix_tokens", pd.Series(0, index=t.index)).fillna(0) > 0,
@@ -51,30 +52,24 @@ GROUPS: dict[str, Callable[[pd.DataFrame], pd.Series]] = {
 }
 
 
-def header_lines(path: Path) -> list[str]:
-    with open(path) as f:
-        return [line for line in f if line.startswith("#")]
-
-
 def fit_without(path: Path, table: pd.DataFrame, drop: pd.Series) -> ProfileModel:
     """The latency model fitted to ``path``'s table less the rows ``drop`` marks."""
     with tempfile.TemporaryDirectory() as tmp:
         kept = Path(tmp) / path.name
-        kept.write_text("".join(header_lines(path)))
-        table[~drop].to_csv(kept, mode="a", index=False)
+        write_profile(kept, read_profile_header(path), table[~drop])
         return ProfileModel(kept)
 
 
-def fits(path: str | Path, group: str) -> tuple[pd.DataFrame, pd.Series, dict]:
-    """``path``'s table, which of its rows are ``group``'s grid points, and the
-    latency model fitted to the whole table and without them."""
+def fits(path: str | Path, group: str) -> tuple[pd.DataFrame, dict]:
+    """``group``'s grid points in ``path``'s table, and the latency model fitted
+    to the whole table (``whole``) and to it without them (``held_out``)."""
     path = Path(path)
     table = pd.read_csv(path, comment="#")
     points = (table["kind"] == "step") & (table["grid"] == "point")
     drop = points & GROUPS[group](table)
     if not drop.any():
         raise ValueError(f"{path}: no grid point of group {group!r} (a profile from before it?)")
-    return table, drop, dict(whole=ProfileModel(path), held_out=fit_without(path, table, drop))
+    return table[drop], dict(whole=ProfileModel(path), held_out=fit_without(path, table, drop))
 
 
 def run_steps(models: dict, runs: list[Path]) -> pd.DataFrame:
@@ -98,22 +93,20 @@ def run_steps(models: dict, runs: list[Path]) -> pd.DataFrame:
     return out
 
 
-def held_out(path: str | Path, group: str) -> pd.DataFrame:
+def held_out(path: str | Path, group: str) -> tuple[pd.DataFrame, dict]:
     """One row per grid point of ``group`` in the profile at ``path``: measured,
     predicted by the whole fit and by the fit without the group, and their
-    relative errors (predicted over measured, less 1)."""
-    table, drop, models = fits(path, group)
-    rows = table[drop]
-    feats = [rows[c].to_numpy(float) for c in FEATURES]
-    out = rows[["decode_batch", "context", "prefill_tokens"]].copy()
-    out["prefix_tokens"] = rows.get("prefix_tokens", 0)
+    relative errors (predicted over measured, less 1); and the two fits."""
+    rows, models = fits(path, group)
+    point = ["decode_batch", "context", "prefill_tokens", "prefix_tokens"]
+    out = rows.reindex(columns=point, fill_value=0)  # (no prefix_tokens before 12-02)
     out["measured_s"] = rows["latency_s"]
     for name, model in models.items():
-        pred = np.array([model.predict(*(float(f[i]) for f in feats)) for i in range(len(rows))])
+        pred = model.predict_many(*(rows[c].to_numpy(float) for c in FEATURES))
         out[f"{name}_s"] = pred
         out[f"{name}_err"] = pred / out["measured_s"] - 1
     out.insert(0, "profile", str(path))
-    return out.reset_index(drop=True)
+    return out.reset_index(drop=True), models
 
 
 def summary(table: pd.DataFrame) -> dict:
@@ -146,12 +139,13 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="folder for held_out.csv, .md and .json")
     ap.add_argument("--runs", nargs="*", type=Path, default=[], help="real run directories")
     args = ap.parse_args()
-    tables = [held_out(p, args.leave_out) for p in args.profiles]
+    results = [held_out(p, args.leave_out) for p in args.profiles]
+    tables = [table for table, _ in results]
     every = pd.concat(tables, ignore_index=True)
     sums = {str(p): summary(t) for p, t in zip(args.profiles, tables, strict=True)}
     steps = pd.concat(
-        [run_steps(fits(p, args.leave_out)[2], args.runs).assign(profile=str(p))
-         for p in args.profiles if args.runs]
+        [run_steps(models, args.runs).assign(profile=str(p))
+         for p, (_, models) in zip(args.profiles, results, strict=True) if args.runs]
         or [pd.DataFrame()]
     )  # fmt: skip
     text = (

@@ -589,29 +589,23 @@ def run_profile(
     if reference is not None:
         running.enter_context(reference)
         reference.watch(executor)
-    cached: tuple | None = None  # the engine of the points after a cached prefix
-
-    def engine_for(point: Point) -> tuple:
-        """The grid's engine, or for a point after a cached prefix one like it with
-        prefix caching on (built once, sharing the weights)."""
-        nonlocal cached
-        if not point.prefix_tokens:
-            return engine, executor
-        if cached is None:
-            caching = replace(args, enable_prefix_caching=True)
-            cached = build_engine(caching, model=model, weights=executor.model)[:2]
-            cached[1].record_timings = True
-            if reference is not None:
-                reference.watch(cached[1])
-        return cached
-
+    # The points after a cached prefix run on an engine like the grid's with
+    # prefix caching on, sharing its weights.
+    cached = (engine, executor)
+    if any(p.prefix_tokens for p in points):
+        caching = replace(args, enable_prefix_caching=True)
+        cached = build_engine(caching, model=model, weights=executor.model)[:2]
+        cached[1].record_timings = True
+        if reference is not None:
+            reference.watch(cached[1])
     try:
         idle_probe = IdleProbe(args, executor)
         grid_start = time.perf_counter()
         for point in points:
             if done and max_grid_s is not None and time.perf_counter() - grid_start > max_grid_s:
                 break
-            r = measure_point(*engine_for(point), point, repeats, warmup, cfg.vocab_size, done)
+            on = cached if point.prefix_tokens else (engine, executor)
+            r = measure_point(*on, point, repeats, warmup, cfg.vocab_size, done)
             rows.append(r)
             rows += idle_probe_rows([idle_probe.after_pause()], "between_points")
             done += 1
@@ -622,7 +616,7 @@ def run_profile(
                 f"{r['latency_s'] * 1e3:8.2f} ms",
                 flush=True,
             )
-        cached = None
+        del cached
         if done < len(points):
             skipped = ", ".join(p.label() for p in points[done:])
             grid_note = (

@@ -41,7 +41,8 @@ def write(path, t: pd.DataFrame):
 
 def test_held_out_predicts_the_left_out_points_with_both_fits(tmp_path):
     path = write(tmp_path / "p.csv", table())
-    out = held_out(path, "cached_prefix")
+    out, models = held_out(path, "cached_prefix")
+    assert set(models) == {"whole", "held_out"}
     assert len(out) == 4 and (out["prefix_tokens"] > 0).all()
     assert np.allclose(out["measured_s"], table().query("prefix_tokens > 0")["latency_s"])
     # A law the model can express: the whole fit is near exact on the points it saw.
@@ -50,7 +51,7 @@ def test_held_out_predicts_the_left_out_points_with_both_fits(tmp_path):
     assert (out["held_out_s"] > 0).all() and np.isfinite(out["held_out_s"]).all()
     s = summary(out)
     assert s["whole_max_abs_err"] == pytest.approx(out["whole_err"].abs().max())
-    mixed = held_out(path, "mixed")
+    mixed, _ = held_out(path, "mixed")
     assert list(mixed["decode_batch"]) == [4, 4]
 
 
