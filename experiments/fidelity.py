@@ -119,6 +119,7 @@ from testbed.profiling.profiler import (  # noqa: E402
     fit_line,
     merge_profiles,
     probe_engine,
+    profile_machine,
     reference_key,
     speed_probe,
 )
@@ -204,6 +205,26 @@ def reuse_warning(reused_sim: Path, sim: Path) -> str | None:
         f"WARNING --reuse: {reused_sim} was simulated with {was}; this simulation "
         f"with {now}: the tables differ from that invocation's for the model, not the runs"
     )
+
+
+def machine_mismatches(pairs: list[tuple[Path, object]]) -> list[str]:
+    """A warning line for each real run measured on another machine than the
+    profile its pair was simulated with (``machine`` in the run's
+    ``metrics.json`` against the profile header's; see
+    :func:`~testbed.profiling.profiler.profile_machine`): a profile from an
+    AVX-512 VM predicted an AVX2 one's steps 1.6-2.7x too fast (2026-12-02),
+    which no speed factor of this script should be asked to hide. Runs or
+    profiles that do not record the machine are not compared."""
+    lines = []
+    for run, model in pairs:
+        ran_on = read_metrics(run).get("machine")
+        profiled_on = profile_machine(getattr(model, "header", {}))
+        if ran_on and profiled_on and ran_on != profiled_on:
+            lines.append(
+                f"WARNING: {run.parent.name}/{run.name} ran on {ran_on}; its latency model "
+                f"({getattr(model, 'source', '?')}) was profiled on {profiled_on}"
+            )
+    return lines
 
 
 def kept_up(run_dir: Path, rate: float) -> bool:
@@ -1161,6 +1182,9 @@ def main() -> None:
     profile_fit = max(fits) if fits else None
     if profile_fit is not None:
         print(fit_line(profile_fit))
+    mismatches = machine_mismatches([(run, models[t, p]) for t, p, run in ran])
+    for line in mismatches:
+        print(line, flush=True)
     predicted_of = {run: busy_steps(run, models[t, p]) for t, p, run in ran}
     own_of = {run: own_speed(step_errors(predicted_of[run])) for _, _, run in ran}
     around = neighbour_speeds([(t, p) for t, p, _ in ran], [own_of[run] for _, _, run in ran])
@@ -1381,7 +1405,8 @@ def main() -> None:
     speeds.to_csv(out / "run_speeds.csv", index=False, float_format="%.6g")
     steadiness = speed_summary(speeds)  # how steady the machine was, per trace
     (out / "fidelity.md").write_text(
-        markdown(table)
+        "".join(f"{line}\n\n" for line in mismatches)
+        + markdown(table)
         + (f"\n## Policy effects against {args.policies[0]}\n\n" + effects_md if effects_md else "")
         + ("\n## The latency model on the real steps, by batch\n\n" + sizes_md if sizes_md else "")
         + "\n## The machine's speed, run by run\n\n"
@@ -1398,6 +1423,7 @@ def main() -> None:
         repeats=args.repeats,
         profile_passes=len(pass_dirs),
         profile_fit_rel_error=profile_fit,
+        machine_mismatches=mismatches,
         profile_reference=sorted(
             {profile_reference_key(models[t, p]) for t, p, run in ran if run in profiled_of}
         ),

@@ -260,10 +260,13 @@ def run_real(cfg: DictConfig, requests) -> tuple[Any, dict[str, Any]]:
         start = result.steps.column("start_s")
         busy = np.column_stack([start, start + result.steps.column("latency_s")])
         result.extra["reference_probe"] = sample_table(reference.samples, busy, engine.clock.origin)
+    from testbed.profiling.profiler import machine_name
+
     kv = engine.scheduler.kv
     extra = {
         "latency_model": "measured",
         "latency_model_source": f"real engine on {executor.device} (torch {torch.__version__})",
+        "machine": machine_name(executor.device),
         "num_kv_blocks": kv.num_blocks,
         "prefix_cache_hit_rate": kv.stats.hit_rate,
         "tokens_computed": executor.num_computed_tokens,

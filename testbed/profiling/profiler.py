@@ -712,6 +712,23 @@ def cpu_name() -> str:
     return name + (f", {vector.removesuffix('f').upper()}" if vector else "")
 
 
+def machine_name(device: torch.device) -> str:
+    """What a step's latency depends on beyond the engine's settings: the GPU's
+    name for a CUDA device, else :func:`cpu_name`. A profile records it
+    (``machine``) and so does every real run's ``metrics.json``, so that a run
+    compared with a profile measured elsewhere says so
+    (experiments/fidelity.py)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return cpu_name()
+
+
+def profile_machine(header: dict) -> str | None:
+    """The machine a profile was measured on: its header's ``machine``, else its
+    ``cpu`` (tables of 2026-12-02), else None (tables before)."""
+    return header.get("machine") or header.get("cpu")
+
+
 def profile_header(
     args: EngineArgs,
     replay_args: EngineArgs,
@@ -728,6 +745,7 @@ def profile_header(
         if device.type == "cuda"
         else f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
         + (f", pinned to cores {sorted(args.cpus)}" if args.cpus is not None else ""),
+        "machine": machine_name(device),
         "cpu": cpu_name(),
         "hardware": hardware,
         "model": name,
@@ -792,8 +810,9 @@ def merge_profiles(paths: list[Path], out: Path) -> Path:
     if not paths:
         raise ValueError("merge_profiles: no profiles to merge")
     headers = [read_profile_header(Path(p)) for p in paths]
-    for key in ("hardware", "model", "dtype", "block_size", "attention_backend", "cpu"):
-        seen = {h[key] for h in headers if key in h}  # (cpu: not in tables before 12-02)
+    keys = ("hardware", "model", "dtype", "block_size", "attention_backend", "machine", "cpu")
+    for key in keys:
+        seen = {h[key] for h in headers if key in h}  # (cpu, machine: not in older tables)
         if len(seen) > 1:
             differ = sorted(map(str, seen))
             raise ValueError(f"merge_profiles: the passes differ in {key}: {differ}")

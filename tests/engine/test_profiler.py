@@ -5,8 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
-from testbed.profiling.profiler import FIT_WARN, GRIDS, fit_check
+from testbed.profiling.profiler import (
+    FIT_WARN,
+    GRIDS,
+    fit_check,
+    machine_name,
+    profile_machine,
+)
 from testbed.sim.latency import ProfileModel, read_profile_header
 from tests.sim.test_runs import compose_cfg, run_from_config
 
@@ -25,8 +32,10 @@ def test_profile_mode_writes_a_table_with_its_provenance_and_speed_probe(tmp_pat
     path = tmp_path / "cpu" / "dummy-llama.csv"
     assert out["profile"] == str(path)
     header = read_profile_header(path)
-    for key in ("device", "cpu", "date", "torch", "model", "dtype", "block_size", "measured_by"):
+    keys = ("device", "machine", "cpu", "date", "torch", "model", "dtype", "block_size")
+    for key in (*keys, "measured_by"):
         assert header.get(key), key
+    assert header["machine"] == machine_name(torch.device("cpu")) == header["cpu"]
     probe, before, after = (float(v.strip("(),")) for v in header["speed_probe_s"].split())
     assert probe == pytest.approx((before + after) / 2, rel=1e-4)
     assert 0 < before < 1 and 0 < after < 1
@@ -145,6 +154,17 @@ def test_merged_passes_fit_the_mean_speed_and_keep_every_row(tmp_path):
     with pytest.raises(ValueError, match="differ in cpu"):
         merge_profiles(cpus, tmp_path / "bad.csv")
     merge_profiles([paths[0], cpus[0]], tmp_path / "ok.csv")
+    # Nor on two GPUs (machine), with the same host CPU.
+    gpus = []
+    for gpu in ("NVIDIA H200", "NVIDIA A100-SXM4-80GB"):
+        gpus.append(tmp_path / gpu[-4:] / "gpu" / "m.csv")
+        header = dict(read_profile_header(paths[0]), machine=gpu, cpu="AMD EPYC, AVX2")
+        write_profile(gpus[-1], header, rows.assign(latency_s=base))
+    with pytest.raises(ValueError, match="differ in machine"):
+        merge_profiles(gpus, tmp_path / "bad.csv")
+    assert profile_machine(read_profile_header(gpus[0])) == "NVIDIA H200"
+    assert profile_machine({"cpu": "AMD EPYC, AVX2"}) == "AMD EPYC, AVX2"  # a 12-02 table
+    assert profile_machine({}) is None
 
 
 @pytest.mark.parametrize("stop", ["point", "replay"])

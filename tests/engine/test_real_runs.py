@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
+from testbed.profiling.profiler import machine_name
 from tests.sim.test_runs import compose_cfg, run_from_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,7 +27,8 @@ def test_real_run_writes_the_simulators_run_directory(tmp_path):
     real = run_from_config(compose_cfg("mode=real", *SHORT), tmp_path / "real")
     sim = run_from_config(compose_cfg("mode=sim", *SHORT), tmp_path / "sim")
     assert real["num_finished"] == 8 and real["latency_model"] == "measured"
-    assert set(real) - {"tokens_computed"} == set(sim) - {
+    assert real["machine"] == machine_name(torch.device("cpu"))  # what the run ran on
+    assert set(real) - {"tokens_computed", "machine"} == set(sim) - {
         "sim_wall_s",
         "sim_requests_per_wall_s",
         "num_jumps",

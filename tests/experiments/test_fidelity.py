@@ -158,7 +158,7 @@ def test_fidelity_script_end_to_end_then_reanalysed_from_its_real_runs(
     assert not [p for p in runs2.glob("*/*-real*") if not p.name.endswith("-mean")]
     pd.testing.assert_frame_equal(first, again)
     markdown = (tmp_path / "out" / "fidelity.md").read_text()
-    table = markdown.split("\n\n")[0].splitlines()
+    table = next(b for b in markdown.split("\n\n") if b.startswith("|")).splitlines()
     assert len(table) == 2 + len(again) and table[3].startswith("| synthetic | fcfs |")
     # The latency model on both runs' steps by batch: shares of the busy time that
     # add up, and errors that add up to the pair's over all steps.
@@ -583,6 +583,33 @@ def test_fidelity_script_simulates_each_pair_at_its_neighbours_speed(tmp_path, m
     assert list(speeds["run"]) == order and list(speeds["order"]) == [1, 2, 3, 4]
     assert speeds["own_speed"].to_numpy() == pytest.approx([own[n] for n in order], rel=1e-5)
     assert "## The machine's speed, run by run" in (tmp_path / "out" / "fidelity.md").read_text()
+
+
+def test_runs_on_another_machine_than_their_profile_are_named(tmp_path):
+    from types import SimpleNamespace
+
+    from experiments.fidelity import machine_mismatches
+
+    def run(name: str, **metrics) -> Path:
+        path = tmp_path / "azure_conv" / name
+        path.mkdir(parents=True)
+        (path / "metrics.json").write_text(json.dumps(metrics))
+        return path
+
+    epyc = SimpleNamespace(header={"machine": "AMD EPYC, AVX2"}, source="p.csv")
+    old = SimpleNamespace(header={"cpu": "Intel Xeon, AVX512"}, source="old.csv")
+    older = SimpleNamespace(header={}, source="older.csv")  # a table that does not say
+    same, other = run("fcfs-real", machine="AMD EPYC, AVX2"), run("sjf-real", machine="NVIDIA H200")
+    unsaid = run("vtc-real")  # a run from before metrics.json said
+    lines = machine_mismatches(
+        [(same, epyc), (other, epyc), (same, old), (unsaid, epyc), (other, older)]
+    )
+    assert lines == [
+        "WARNING: azure_conv/sjf-real ran on NVIDIA H200; its latency model (p.csv) "
+        "was profiled on AMD EPYC, AVX2",
+        "WARNING: azure_conv/fcfs-real ran on AMD EPYC, AVX2; its latency model (old.csv) "
+        "was profiled on Intel Xeon, AVX512",
+    ]
 
 
 def test_window_speeds_divide_each_stretch_by_its_prediction():
