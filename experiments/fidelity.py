@@ -19,7 +19,8 @@ the two real runs (the machine's own noise floor) is reported beside the errors;
 On a machine whose speed wanders over minutes (a shared VM: 5-10%), one real
 run and one profile are each a sample of that wander. ``--repeats R`` runs every
 pair R times, in rounds (each policy once per round, so a pair's repeats lie
-far apart), and compares the simulation with their mean (``average_runs``),
+far apart; every other round in reverse, so that a steady drift cancels over
+an even R: :func:`rounds`), and compares the simulation with their mean (``average_runs``),
 reporting their spread and the error against each run alone;
 ``--profile-passes K`` measures the profile in K passes spread evenly over the
 real runs (the first before them, sets the rates; the last after them) and
@@ -916,6 +917,18 @@ def effects_markdown(effects: pd.DataFrame, orders: pd.DataFrame) -> str:
     return effects_md + "\n" + markdown_table(columns, rows, left=4)
 
 
+def rounds(policies: list[str], repeats: int) -> list[list[str]]:
+    """The order of the real runs of one trace: ``repeats`` rounds of every
+    policy once, every other round reversed (fcfs sjf vtc, vtc sjf fcfs, ...).
+    On a VM whose speed drifts through an experiment (by a third within an hour,
+    experiments/results/fidelity_cpu1_interleaved_2/) runs in one fixed order
+    give the policies the drift as effects (there the real runs ordered the
+    four policies exactly as they ran); reversed rounds give each policy the
+    same mean position over an even number of rounds, so a steady drift
+    cancels from a pair's mean run and from the policy effects."""
+    return [list(policies) if k % 2 == 0 else list(reversed(policies)) for k in range(repeats)]
+
+
 def run_name(policy: str, repeat: int) -> str:
     """The folder of a pair's ``repeat``-th real run (0-based)."""
     return f"{policy}-real" if repeat == 0 else f"{policy}-real-{repeat + 1}"
@@ -1116,22 +1129,26 @@ def main() -> None:
         return [*common, f"policy={policy}", f"trace.rate={rate}"]
 
     # The real runs, in rounds (each policy once per round, so a pair's repeats
-    # are spread over the experiment), with the profiler passes between them.
-    # With --edges the rounds go on one run either side (the last policy before,
-    # the first after): runs for neighbour_speeds alone (repeat None), so that
-    # every pair's runs have neighbours on both sides.
+    # are spread over the experiment; every other round reversed: see rounds),
+    # with the profiler passes between them. With --edges the rounds go on one
+    # run either side (the first round's last policy before, the last round's
+    # first policy after): runs for neighbour_speeds alone (repeat None), so
+    # that every pair's runs have neighbours of another policy on both sides.
     schedule: list[tuple[str, str, int | None, str]] = []
-    first, last = args.policies[0], args.policies[-1]
+    first = args.policies[0]
+    order = rounds(args.policies, args.repeats)
     for trace in plans:
         if args.edges:
-            schedule.append((trace, last, None, f"edge-before-{last}-real"))
-        for repeat in range(args.repeats):
-            for policy in args.policies:
+            edge = order[0][-1]
+            schedule.append((trace, edge, None, f"edge-before-{edge}-real"))
+        for repeat, policies in enumerate(order):
+            for policy in policies:
                 schedule.append((trace, policy, repeat, run_name(policy, repeat)))
         if args.noise and args.repeats == 1:
             schedule.append((trace, first, 1, run_name(first, 1)))
         if args.edges:
-            schedule.append((trace, first, None, f"edge-after-{first}-real"))
+            edge = order[-1][0]
+            schedule.append((trace, edge, None, f"edge-after-{edge}-real"))
     # An interrupted real run (Ctrl-C: it writes its files, marked partial) ends
     # the experiment; what finished before it is still analysed and written.
     before = spread_evenly(passes, len(schedule))[1:] if passes else []

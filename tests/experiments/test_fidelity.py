@@ -585,6 +585,22 @@ def test_fidelity_script_simulates_each_pair_at_its_neighbours_speed(tmp_path, m
     assert "## The machine's speed, run by run" in (tmp_path / "out" / "fidelity.md").read_text()
 
 
+def test_rounds_reverse_every_other_round_so_a_steady_drift_cancels():
+    from experiments.fidelity import rounds
+
+    policies = ["fcfs", "sjf", "priority", "vtc"]
+    assert rounds(policies, 1) == [policies]
+    order = rounds(policies, 4)
+    assert order[1] == order[3] == policies[::-1] and order[2] == policies
+    # A machine slowing down linearly run by run: in one fixed order the last
+    # policy runs slowest in every round; reversed rounds give each the same mean.
+    ran = [p for r in order for p in r]
+    slowdown = {p: np.mean([i for i, q in enumerate(ran) if q == p]) for p in policies}
+    assert len(set(slowdown.values())) == 1
+    fixed = [p for _ in range(4) for p in policies]
+    assert len({np.mean([i for i, q in enumerate(fixed) if q == p]) for p in policies}) == 4
+
+
 def test_runs_on_another_machine_than_their_profile_are_named(tmp_path):
     from types import SimpleNamespace
 
