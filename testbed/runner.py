@@ -231,6 +231,7 @@ def run_real(cfg: DictConfig, requests) -> tuple[Any, dict[str, Any]]:
 
     from testbed.engine.llm import build_engine
     from testbed.engine.replay import replay
+    from testbed.profiling.profiler import machine_name
 
     args = engine_args(cfg)
     engine, executor, _ = build_engine(args, model=real_model(cfg))
@@ -260,8 +261,6 @@ def run_real(cfg: DictConfig, requests) -> tuple[Any, dict[str, Any]]:
         start = result.steps.column("start_s")
         busy = np.column_stack([start, start + result.steps.column("latency_s")])
         result.extra["reference_probe"] = sample_table(reference.samples, busy, engine.clock.origin)
-    from testbed.profiling.profiler import machine_name
-
     kv = engine.scheduler.kv
     extra = {
         "latency_model": "measured",

@@ -740,12 +740,13 @@ def profile_header(
 ) -> dict:
     """Where, when and how a profile was measured."""
     device = executor.device
+    machine = machine_name(device)
     return {
-        "device": torch.cuda.get_device_name(device)
+        "device": machine
         if device.type == "cuda"
         else f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
         + (f", pinned to cores {sorted(args.cpus)}" if args.cpus is not None else ""),
-        "machine": machine_name(device),
+        "machine": machine,
         "cpu": cpu_name(),
         "hardware": hardware,
         "model": name,
