@@ -1,0 +1,172 @@
+"""Where a profile misses a real run's steps: by the idle gap before each step,
+and as a scale against a fixed per-step cost.
+
+For each real run directory given (a fidelity experiment's ``*-real*``), every
+busy step of ``steps.csv`` is predicted by the latency model fitted to
+``--profile``, and two questions are answered:
+
+- **gap**: does a step that follows an idle gap (the engine waited for an
+  arrival: caches cold, the vCPU perhaps descheduled) run slower or faster
+  than one that follows another step? Summed predicted over summed measured
+  time, less 1, for steps with a prefill chunk and plain decode steps, by the
+  gap before them (< 0.5 ms is back to back).
+- **decodes**: plain decode steps by batch size (1, 2, 3, 4 or more) and
+  longest context: where in the composition space the profile's fit sits
+  above or below what the runs measured (a fit of batch-8 replay steps can
+  miss small batches at long contexts, which only grid points show it).
+- **affine**: is the run's departure from the profile a change of speed (every
+  step scaled alike) or a fixed cost per step that the profile's points do not
+  carry? ``measured = a * predicted + b``, fitted by least squares in relative
+  terms (each step weighed by 1 / predicted, as the profile is fitted).
+
+    R=outputs/fidelity/<stamp>
+    python experiments/step_residuals.py --profile $R/profiles/cpu1/dummy-llama.csv \\
+        $R/azure_conv/*-real $R/azure_conv/*-real-2
+
+Prints the tables and, with ``--out``, writes ``gaps.csv``, ``decodes.csv``,
+``affine.csv`` and ``step_residuals.md`` there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from experiments.fidelity import markdown_table, predicted_steps
+from testbed.sim.latency import ProfileModel
+
+# upper edges (s) of the idle-gap buckets and their labels
+GAP_EDGES = (0.0005, 0.005, 0.05, 0.5, 5.0, np.inf)
+GAP_LABELS = ("<0.5 ms", "0.5-5 ms", "5-50 ms", "50-500 ms", "0.5-5 s", ">5 s")
+
+
+def run_steps(run: Path, model) -> pd.DataFrame:
+    """A run's busy steps with the idle gap before each (``gap_s``), the model's
+    prediction (``pred_s``) and whether it carries a prefill chunk."""
+    path = run / "steps.csv"
+    if not path.is_file():
+        raise FileNotFoundError(f"{run}: no steps.csv (not a real run directory)")
+    steps = pd.read_csv(path)
+    missing = {"start_s", "latency_s", "num_reqs", "num_prefill_tokens"} - set(steps.columns)
+    if missing:
+        raise ValueError(f"{path}: no column(s) {sorted(missing)}")
+    ends = (steps["start_s"] + steps["latency_s"]).shift(1)
+    # the engine's idle rows (num_reqs 0) are waits too: the gap is from the last busy end
+    busy = steps["num_reqs"] > 0
+    last_busy_end = ends.where(busy.shift(1, fill_value=False)).ffill()
+    steps = steps.assign(gap_s=(steps["start_s"] - last_busy_end).fillna(0.0).clip(lower=0.0))
+    steps = steps[busy]
+    return steps.assign(
+        pred_s=predicted_steps(steps, model),
+        prefill=steps["num_prefill_tokens"] > 0,
+        run=run.name,
+        trace=run.parent.name,
+    )
+
+
+def gap_table(steps: pd.DataFrame) -> pd.DataFrame:
+    """Error of summed predicted over summed measured time by kind and idle gap."""
+    bucket = np.searchsorted(np.asarray(GAP_EDGES), steps["gap_s"].to_numpy(float), side="right")
+    steps = steps.assign(gap=[GAP_LABELS[min(b, len(GAP_LABELS) - 1)] for b in bucket])
+    steps = steps.assign(kind=np.where(steps["prefill"], "prefill", "decode"))
+    table = steps.groupby(["trace", "kind", "gap"], sort=False).agg(
+        steps=("pred_s", "size"), pred_s=("pred_s", "sum"), real_s=("latency_s", "sum")
+    )
+    table["err"] = table["pred_s"] / table["real_s"] - 1
+    order = {label: i for i, label in enumerate(GAP_LABELS)}
+    table = table.reset_index()
+    table["order"] = table["gap"].map(order)
+    return table.sort_values(["trace", "kind", "order"]).drop(columns="order")
+
+
+CONTEXT_EDGES = (128, 256, 512, 1024, 1536, 2048, 4096, 8192, np.inf)
+
+
+def decode_table(steps: pd.DataFrame, least: int = 100) -> pd.DataFrame:
+    """Plain decode steps' error by batch size (4 = 4 or more) and longest
+    context (``max_kv`` up to each edge), groups of at least ``least`` steps."""
+    dec = steps[~steps["prefill"]]
+    edge = np.searchsorted(np.asarray(CONTEXT_EDGES), dec["max_kv"].to_numpy(float), side="left")
+    dec = dec.assign(
+        batch=dec["num_reqs"].clip(upper=4).astype(int),
+        context=[f"<={CONTEXT_EDGES[min(i, len(CONTEXT_EDGES) - 1)]:g}" for i in edge],
+        order=edge,
+    )
+    table = dec.groupby(["trace", "batch", "order", "context"]).agg(
+        steps=("pred_s", "size"), pred_s=("pred_s", "sum"), real_s=("latency_s", "sum")
+    )
+    table = table.reset_index().drop(columns="order")
+    table["err"] = table["pred_s"] / table["real_s"] - 1
+    return table[table["steps"] >= least].reset_index(drop=True)
+
+
+def affine(steps: pd.DataFrame) -> dict:
+    """``measured = a * predicted + b`` in relative least squares, and the plain ratio."""
+    pred = steps["pred_s"].to_numpy(float)
+    real = steps["latency_s"].to_numpy(float)
+    weight = 1.0 / pred
+    design = np.column_stack([pred, np.ones_like(pred)]) * weight[:, None]
+    (a, b), *_ = np.linalg.lstsq(design, real * weight, rcond=None)
+    return {"a": float(a), "b_ms": float(1e3 * b), "ratio": float(real.sum() / pred.sum())}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", type=Path, help="real run directories")
+    ap.add_argument("--profile", type=Path, required=True, help="profile table the runs used")
+    ap.add_argument("--out", type=Path, help="folder for gaps.csv, affine.csv and the Markdown")
+    args = ap.parse_args(argv)
+    model = ProfileModel(args.profile)
+    steps = [run_steps(run, model) for run in args.runs]
+    every = pd.concat(steps, ignore_index=True)
+    gaps = gap_table(every)
+    decodes = decode_table(every)
+    fits = pd.DataFrame(
+        [
+            {"trace": s["trace"].iloc[0], "run": s["run"].iloc[0], **affine(s)}
+            for s in steps
+            if len(s)
+        ]
+    )
+    text = "Predicted over measured busy time, less 1, by the idle gap before each step:\n\n"
+    text += markdown_table(
+        ["trace", "kind", "gap", "steps", "error"],
+        [[r.trace, r.kind, r.gap, str(r.steps), f"{r.err:+.1%}"] for r in gaps.itertuples()],
+        left=3,
+    )
+    text += "\nPlain decode steps by batch size (4: 4 or more) and longest context:\n\n"
+    text += markdown_table(
+        ["trace", "batch", "context", "steps", "error"],
+        [
+            [r.trace, str(r.batch), r.context, str(r.steps), f"{r.err:+.1%}"]
+            for r in decodes.itertuples()
+        ],
+        left=3,
+    )
+    text += "\nEach run as measured = a * predicted + b (relative least squares):\n\n"
+    text += markdown_table(
+        ["trace", "run", "a", "b (ms)", "measured / predicted"],
+        [
+            [r.trace, r.run, f"{r.a:.3f}", f"{r.b_ms:+.2f}", f"{r.ratio:.3f}"]
+            for r in fits.itertuples()
+        ],
+        left=2,
+    )
+    print(text, end="")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        gaps.to_csv(args.out / "gaps.csv", index=False)
+        decodes.to_csv(args.out / "decodes.csv", index=False)
+        fits.to_csv(args.out / "affine.csv", index=False)
+        (args.out / "step_residuals.md").write_text(text)
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
