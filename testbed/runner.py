@@ -316,6 +316,7 @@ def profile_from_config(cfg: DictConfig) -> dict[str, Any]:
         cfg.model.name,
         model=real_model(cfg),
         replay_requests=cfg.mode.replay_requests,
+        sparse_requests=cfg.mode.get("replay_sparse_requests", 0),
         max_grid_s=cfg.mode.get("max_grid_s"),
         reference_cpus=cfg.hardware.get("reference_cpus"),
     )

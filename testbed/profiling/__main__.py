@@ -25,6 +25,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--replay-requests", type=int, default=80)
+    ap.add_argument(
+        "--replay-sparse-requests", type=int, default=0,
+        help="also replay this many at a low rate (small batches at every context; "
+        "mode.replay_sparse_requests, 12 by default in run.py)",
+    )  # fmt: skip
     ap.add_argument("--device", default=None)
     ap.add_argument("--num-kv-blocks", type=int, default=None)
     ap.add_argument("--out", default="profiles")
@@ -46,6 +51,7 @@ def main() -> None:
             args.out,
             args.hardware,
             replay_requests=args.replay_requests,
+            sparse_requests=args.replay_sparse_requests,
             max_grid_s=args.max_grid_seconds,
         )
     report_profile(path)

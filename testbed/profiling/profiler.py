@@ -345,6 +345,12 @@ def replay_kv_blocks(num_requests: int, block_size: int) -> int:
     return num_requests * -(-longest // block_size) + 16
 
 
+REPLAY_GRIDS = ("replay", "replay_sparse")  # profile rows of replayed steps
+# The sparse replay's arrival rate (req/s): a request of the replay's lengths takes
+# about 2.5 s alone on the 2-core CPU VM, so most run alone or in pairs.
+SPARSE_RATE = 0.25
+
+
 def measure_replay(
     engine,
     num_requests: int,
@@ -352,23 +358,33 @@ def measure_replay(
     idle_probe=None,
     rows: list[dict] | None = None,
     seed: int = 1234,
+    rate: float = 2.5,
+    name: str = "calibration",
+    grid: str = "replay",
 ) -> list[dict]:
     """Every step of a short replay of the embedded synthetic trace (another seed
     than the default runs use): the batch mixes a real workload produces, which a
     grid alone does not cover. One row per step; with an ``idle_probe``, also
     one ``kind=idle_probe`` row per sample taken in the replay's idle gaps.
     Appended to ``rows`` where given, so that an interrupted or failed replay
-    (re-raised here) leaves the steps it measured there."""
+    (re-raised here) leaves the steps it measured there.
+
+    At the default ``rate`` the engine's batch fills, and only the last request
+    decodes alone, at whatever context it has reached; the profiler also replays
+    a few requests at :data:`SPARSE_RATE` (``name`` keeps their ids apart; their
+    rows' ``grid`` is ``replay_sparse``, which the latency model fits as replay
+    steps), whose one- and two-request decodes span every context, as a lightly
+    loaded service (Azure conv at 70% of this engine's capacity) runs them."""
     from testbed.engine.replay import replay
     from testbed.workload import to_requests
     from traces.synthetic import synthetic_trace
 
     # Longer prompts than the default trace, so that contexts reach the model's
     # length; a different seed and shape from any workload it is evaluated on.
-    trace = synthetic_trace(num_requests=num_requests, rate=2.5, seed=seed, **REPLAY_LENGTHS)
+    trace = synthetic_trace(num_requests=num_requests, rate=rate, seed=seed, **REPLAY_LENGTHS)
     requests = to_requests(trace, with_tokens=True, vocab_size=vocab, seed=seed)
     for r in requests:
-        r.request_id = f"calibration-{r.request_id}"
+        r.request_id = f"{name}-{r.request_id}"
     rows = [] if rows is None else rows
 
     def record(res) -> None:
@@ -378,7 +394,7 @@ def measure_replay(
         rows.append(
             dict(
                 kind="step",
-                grid="replay",
+                grid=grid,
                 decode_batch=so.num_decode_tokens,
                 context=0,
                 prefill_tokens=so.num_prefill_tokens,
@@ -540,10 +556,12 @@ def run_profile(
     model_name: str | None = None,
     model=None,
     replay_requests: int = 80,
+    sparse_requests: int = 0,
     max_grid_s: float | None = None,
     reference_cpus: Iterable[int] | None = None,
 ) -> Path:
-    """Measure every grid point, then every step of a short synthetic replay, and
+    """Measure every grid point, then every step of a short synthetic replay (and
+    of ``sparse_requests`` more at a low rate: :func:`measure_replay`), and
     write ``<out_dir>/<hardware>/<model>.csv``.
 
     Interrupted (Ctrl-C, SIGTERM where :func:`testbed.signals.interrupt_on_sigterm`
@@ -639,6 +657,12 @@ def run_profile(
             reference.watch(replay_executor)
         replay[0] = time.perf_counter()  # the reference's phases: the grid before it
         measure_replay(replay_engine, replay_requests, cfg.vocab_size, idle_probe, rows)
+        if sparse_requests:
+            print(f"  and {sparse_requests} at {SPARSE_RATE:g} req/s for small batches ...")
+            measure_replay(
+                replay_engine, sparse_requests, cfg.vocab_size, idle_probe, rows,
+                seed=4321, rate=SPARSE_RATE, name="calibration-sparse", grid="replay_sparse",
+            )  # fmt: skip
         replay[1] = time.perf_counter()
         # Then the engine idle, as between a trace's requests: the probe at its cadence.
         rows += idle_probe_rows(
@@ -648,7 +672,7 @@ def run_profile(
         probes.append(speed_probe(engine, executor, cfg.vocab_size))
     except (KeyboardInterrupt, Exception) as e:
         why = "interrupted" if isinstance(e, KeyboardInterrupt) else f"failed ({e!r})"
-        replayed = sum(r["grid"] == "replay" for r in rows)
+        replayed = sum(r["grid"] in REPLAY_GRIDS for r in rows)
         partial = f"{why} after {done} of {len(points)} grid points and {replayed} replay steps"
         running.close()
         header = reference_header(reference, *replay)

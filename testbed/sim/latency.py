@@ -276,6 +276,8 @@ class ProfileModel:
         # much, anchor the corners a replay does not reach (and extrapolation).
         w = 1 / y
         groups = table["grid"].to_numpy() if "grid" in table.columns else None
+        if groups is not None:  # the sparse replay's steps are replay steps too
+            groups = np.where(groups == "replay_sparse", "replay", groups)
         if groups is not None:
             for g in np.unique(groups):
                 share = GROUP_WEIGHTS.get(g, 1.0) / np.sqrt((groups == g).sum())

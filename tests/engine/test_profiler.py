@@ -26,6 +26,7 @@ def test_profile_mode_writes_a_table_with_its_provenance_and_speed_probe(tmp_pat
             "mode.repeats=3",
             "mode.warmup=1",
             "mode.replay_requests=6",
+            "mode.replay_sparse_requests=0",  # its own test below
             f"profiles_dir={tmp_path}",
         )
     )
@@ -328,6 +329,7 @@ def test_a_profile_past_its_grid_time_limit_skips_the_rest_names_them_and_still_
         out_dir=tmp_path,
         hardware="cpu",
         replay_requests=6,
+        sparse_requests=1,  # and one more at the sparse replay's rate
         max_grid_s=1e-9,  # past it once the first point is measured
     )
     assert path == tmp_path / "cpu" / "dummy-llama.csv"  # a profile, not a partial one
@@ -337,4 +339,26 @@ def test_a_profile_past_its_grid_time_limit_skips_the_rest_names_them_and_still_
     assert header["grid"].endswith("1x128+0, 0x0+256, 4x128+0, 4x128+128, 16x128+0, 0x0+64@256)")
     table = pd.read_csv(path, comment="#")
     assert (table["grid"] == "point").sum() == 1 and (table["grid"] == "replay").sum() > 6
+    sparse = table[table["grid"] == "replay_sparse"]
+    assert len(sparse) > 1 and (sparse["num_reqs"] == 1).all()  # one request, alone
     assert ProfileModel(path).fit_rel_error < 0.5  # the replay's steps still fit
+
+
+def test_the_sparse_replay_decodes_small_batches_across_contexts():
+    """The replay at the default rate fills the batch (one request decodes alone
+    only at the end); the sparse one runs its requests mostly alone, so its
+    one-request decodes cover each request's whole context range."""
+    from testbed.engine.llm import EngineArgs, build_engine
+    from testbed.profiling.profiler import SPARSE_RATE, measure_replay
+
+    engine, _, cfg = build_engine(EngineArgs(model="dummy-llama", device="cpu"))
+    rows = measure_replay(
+        engine, 3, cfg.vocab_size, seed=4321, rate=SPARSE_RATE, name="s", grid="replay_sparse"
+    )
+    steps = pd.DataFrame([r for r in rows if r["kind"] == "step"])
+    assert (steps["grid"] == "replay_sparse").all()
+    decodes = steps[steps["prefill_tokens"] == 0]
+    assert len(decodes) > 100
+    assert (decodes["num_reqs"] <= 2).mean() >= 0.5
+    alone = decodes[decodes["num_reqs"] == 1]
+    assert alone["max_kv"].max() - alone["max_kv"].min() > 150

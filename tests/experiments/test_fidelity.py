@@ -37,7 +37,13 @@ SHORT = [
     "progress=false",
     "plots=false",
 ]
-QUICK_PROFILE = ["mode.grid=quick", "mode.repeats=3", "mode.warmup=1", "mode.replay_requests=20"]
+QUICK_PROFILE = [
+    "mode.grid=quick",
+    "mode.repeats=3",
+    "mode.warmup=1",
+    "mode.replay_requests=20",
+    "mode.replay_sparse_requests=0",
+]
 
 
 def test_the_committed_profile_is_the_simulators_default():

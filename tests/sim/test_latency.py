@@ -241,3 +241,27 @@ def test_profile_model_takes_its_level_from_the_replay_and_its_shape_from_all_ro
 def model_predictions(model, table):
     cols = ("num_reqs", "num_tokens", "attn_pairs", "kv_tokens", "max_kv")
     return model.predict_many(*(table[c].to_numpy(float) for c in cols))
+
+
+def test_the_sparse_replays_steps_are_fitted_and_levelled_as_replay_steps(tmp_path):
+    # The same table with part of its replay labelled as the profiler's sparse
+    # replay (``replay_sparse``) fits the same model: same coefficients, same level.
+    rng = np.random.default_rng(2)
+    lines = ["kind,grid,num_reqs,num_tokens,attn_pairs,kv_tokens,max_kv,latency_s"]
+    for group, factor in (("point", 0.97), ("replay", 1.0), ("replay", 1.0)):
+        for reqs in (1, 2, 4, 8):
+            for ctx in (64, 512, 1024):
+                lat = (4e-3 + 3e-4 * reqs + 2e-8 * reqs * ctx) * factor
+                lat *= 1 + 0.05 * rng.standard_normal()
+                lines.append(f"step,{group},{reqs},{reqs},{reqs * ctx},{reqs * ctx},{ctx},{lat}")
+    plain = tmp_path / "plain.csv"
+    plain.write_text("\n".join(lines) + "\n")
+    sparse = tmp_path / "sparse.csv"
+    relabelled = lines[: 1 + 12 + 12] + [
+        line.replace(",replay,", ",replay_sparse,") for line in lines[1 + 12 + 12 :]
+    ]
+    sparse.write_text("\n".join(relabelled) + "\n")
+    a, b = ProfileModel(plain), ProfileModel(sparse)
+    assert "replay_sparse" in pd.read_csv(sparse)["grid"].tolist()
+    assert b.level == pytest.approx(a.level, rel=1e-12) and a.level != 1.0
+    assert np.allclose(b.coef, a.coef, rtol=1e-12, atol=0)
