@@ -23,8 +23,11 @@ busy step of ``steps.csv`` is predicted by the latency model fitted to
     python experiments/step_residuals.py --profile $R/profiles/cpu1/dummy-llama.csv \\
         $R/azure_conv/*-real $R/azure_conv/*-real-2
 
-Prints the tables and, with ``--out``, writes ``gaps.csv``, ``decodes.csv``,
-``affine.csv`` and ``step_residuals.md`` there.
+With ``--compare`` and more profile tables (another pass, a profile measured
+later), each one's total error on the same steps, its prefill/decode split and
+its small/large decode batch ratio: how much of a shape error is the profile
+pass's. Prints the tables and, with ``--out``, writes ``gaps.csv``,
+``decodes.csv``, ``affine.csv``, ``compare.csv`` and ``step_residuals.md`` there.
 """
 
 from __future__ import annotations
@@ -116,11 +119,48 @@ def affine(steps: pd.DataFrame) -> dict:
     return {"a": float(a), "b_ms": float(1e3 * b), "ratio": float(real.sum() / pred.sum())}
 
 
+def shape(steps: pd.DataFrame) -> dict:
+    """The model's error on one trace's steps in total, and the two level-free
+    ratios a change of the machine's speed leaves alone: steps with a prefill
+    chunk against plain decodes (``split``), decodes of 1-2 requests against
+    those of 4 or more (``small_vs_large``); each (1 + error) / (1 + error) - 1."""
+    pred, real = steps["pred_s"].to_numpy(float), steps["latency_s"].to_numpy(float)
+    prefill = steps["prefill"].to_numpy(bool)
+    reqs = steps["num_reqs"].to_numpy(float)
+
+    def err(mask) -> float:
+        return float(pred[mask].sum() / real[mask].sum() - 1) if mask.any() else float("nan")
+
+    small, large = ~prefill & (reqs <= 2), ~prefill & (reqs >= 4)
+    return {
+        "err_total": err(np.ones_like(prefill)),
+        "split": (1 + err(prefill)) / (1 + err(~prefill)) - 1,
+        "small_vs_large": (1 + err(small)) / (1 + err(large)) - 1,
+    }
+
+
+def compare(profiles: list[Path], runs: list[Path]) -> pd.DataFrame:
+    """:func:`shape` of every trace's runs under each profile, one row per pair."""
+    rows = []
+    for path in profiles:
+        model = ProfileModel(path)
+        every = pd.concat([run_steps(run, model) for run in runs], ignore_index=True)
+        for trace, steps in every.groupby("trace", sort=False):
+            rows.append({"profile": str(path), "fit": model.fit_rel_error, "trace": trace,
+                         **shape(steps)})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", type=Path, help="real run directories")
     ap.add_argument("--profile", type=Path, required=True, help="profile table the runs used")
     ap.add_argument("--out", type=Path, help="folder for gaps.csv, affine.csv and the Markdown")
+    ap.add_argument(
+        "--compare", nargs="*", type=Path, default=[],
+        help="more profile tables: each one's total error, prefill/decode split and "
+        "small/large decode batches on the same runs (compare.csv)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     model = ProfileModel(args.profile)
     steps = [run_steps(run, model) for run in args.runs]
@@ -158,8 +198,20 @@ def main(argv: list[str] | None = None) -> None:
         ],
         left=2,
     )
+    compared = compare([args.profile, *args.compare], args.runs) if args.compare else None
+    if compared is not None:
+        text += "\nThe same runs under each profile (level-free ratios, less 1):\n\n"
+        text += markdown_table(
+            ["profile", "fit", "trace", "total", "prefill vs decode", "1-2 vs 4+ decodes"],
+            [[r.profile, f"{r.fit:.1%}", r.trace, f"{r.err_total:+.1%}", f"{r.split:+.1%}",
+              f"{r.small_vs_large:+.1%}"] for r in compared.itertuples()],
+            left=3,
+        )  # fmt: skip
     print(text, end="")
     if args.out:
+        if compared is not None:
+            args.out.mkdir(parents=True, exist_ok=True)
+            compared.to_csv(args.out / "compare.csv", index=False)
         args.out.mkdir(parents=True, exist_ok=True)
         gaps.to_csv(args.out / "gaps.csv", index=False)
         decodes.to_csv(args.out / "decodes.csv", index=False)

@@ -82,3 +82,17 @@ def test_decodes_are_grouped_by_batch_and_longest_context(tmp_path):
     assert table.loc[(1, "<=1536"), "err"] == pytest.approx(1 / 1.2 - 1)
     assert table.loc[(4, "<=1536"), "steps"] == 1  # 6 requests: the "4 or more" group
     assert len(sr.decode_table(steps, least=2)) == 1
+
+
+def test_shape_ratios_ignore_a_uniform_change_of_speed(tmp_path):
+    rows, t = [], 0.0
+    for reqs, prefill, slow in ((1, 0, 1.3), (2, 0, 1.3), (5, 0, 1.0), (1, 100, 1.0)):
+        pred = 0.005 + 0.001 * (prefill or reqs)
+        rows.append(step(t, 2.0 * slow * pred, reqs, prefill, 0 if prefill else reqs))
+        t += 2.0 * slow * pred
+    steps = sr.run_steps(write_run(tmp_path / "azure_conv" / "r-real", rows), Linear())
+    got = sr.shape(steps)
+    # the machine twice as slow moves the total, not the ratios
+    assert got["small_vs_large"] == pytest.approx(1 / 1.3 - 1)
+    assert got["split"] > 0  # the prefill is not slowed beyond the factor 2; the small decodes are
+    assert got["err_total"] < -0.5
