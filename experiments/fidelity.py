@@ -315,12 +315,32 @@ def predicted_steps(steps: pd.DataFrame, model) -> np.ndarray:
     )
 
 
+# steps.csv columns that busy_steps reads (the latency model's features among them)
+STEP_COLUMNS = ("start_s", "latency_s", "num_reqs", "num_prefill_tokens", "num_decode_tokens",
+                "attn_pairs", "kv_tokens", "max_kv")  # fmt: skip
+
+
 def busy_steps(run_dir: Path, model) -> pd.DataFrame:
     """A run's ``steps.csv`` without its idle rows, with the latency model's
-    prediction of each step (``pred_s``)."""
-    steps = pd.read_csv(run_dir / "steps.csv")
-    steps = steps[steps["num_reqs"] > 0]
+    prediction of each step (``pred_s``) and the idle time before it since the
+    last busy step ended (``gap_s``: 0 back to back, the wait for an arrival)."""
+    path = run_dir / "steps.csv"
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir}: no steps.csv (not a real run directory)")
+    steps = pd.read_csv(path)
+    missing = sorted(set(STEP_COLUMNS) - set(steps.columns))
+    if missing:
+        raise ValueError(f"{path}: no column(s) {missing}")
+    busy = steps["num_reqs"] > 0
+    ends = (steps["start_s"] + steps["latency_s"]).where(busy).ffill().shift(1)
+    steps = steps.assign(gap_s=(steps["start_s"] - ends).fillna(0.0).clip(lower=0.0))[busy]
     return steps.assign(pred_s=predicted_steps(steps, model))
+
+
+def error_ratio(err: float, base: float) -> float:
+    """One relative error against another, (1 + err) / (1 + base) - 1: what is
+    left of ``err`` once the error both share (the machine's speed) is taken out."""
+    return (1 + err) / (1 + base) - 1
 
 
 def step_errors(steps: pd.DataFrame) -> dict:

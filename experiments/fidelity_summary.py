@@ -46,7 +46,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from experiments.fidelity import NOISE
+from experiments.fidelity import NOISE, error_ratio
 
 # metric column (after the prefix) -> the largest relative error that meets the target
 TARGETS = {
@@ -91,7 +91,7 @@ def split(row: dict) -> float | None:
     pre, dec = number(row, "step_err_prefill_total"), number(row, "step_err_decode_total")
     if pre is None or dec is None:
         return None
-    return (1 + pre) / (1 + dec) - 1
+    return error_ratio(pre, dec)
 
 
 def split_vs_speed(summaries: list[dict]) -> dict | None:

@@ -41,7 +41,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from experiments.fidelity import busy_steps, markdown_table, step_errors  # noqa: E402
+from experiments.fidelity import busy_steps, error_ratio, markdown_table, step_errors  # noqa: E402
 from testbed.profiling.profiler import write_profile  # noqa: E402
 from testbed.sim.latency import FEATURES, ProfileModel, read_profile_header  # noqa: E402
 
@@ -89,7 +89,7 @@ def run_steps(models: dict, runs: list[Path]) -> pd.DataFrame:
                 )
             )
     out = pd.DataFrame(rows)
-    out["prefill_vs_decode"] = (1 + out["prefill"]) / (1 + out["decode"]) - 1
+    out["prefill_vs_decode"] = error_ratio(out["prefill"], out["decode"])
     return out
 
 

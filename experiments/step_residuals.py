@@ -41,7 +41,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from experiments.fidelity import markdown_table, predicted_steps
+from experiments.fidelity import busy_steps, error_ratio, markdown_table, step_errors
 from testbed.sim.latency import ProfileModel
 
 # upper edges (s) of the idle-gap buckets and their labels
@@ -50,26 +50,12 @@ GAP_LABELS = ("<0.5 ms", "0.5-5 ms", "5-50 ms", "50-500 ms", "0.5-5 s", ">5 s")
 
 
 def run_steps(run: Path, model) -> pd.DataFrame:
-    """A run's busy steps with the idle gap before each (``gap_s``), the model's
-    prediction (``pred_s``) and whether it carries a prefill chunk."""
-    path = run / "steps.csv"
-    if not path.is_file():
-        raise FileNotFoundError(f"{run}: no steps.csv (not a real run directory)")
-    steps = pd.read_csv(path)
-    missing = {"start_s", "latency_s", "num_reqs", "num_prefill_tokens"} - set(steps.columns)
-    if missing:
-        raise ValueError(f"{path}: no column(s) {sorted(missing)}")
-    ends = (steps["start_s"] + steps["latency_s"]).shift(1)
-    # the engine's idle rows (num_reqs 0) are waits too: the gap is from the last busy end
-    busy = steps["num_reqs"] > 0
-    last_busy_end = ends.where(busy.shift(1, fill_value=False)).ffill()
-    steps = steps.assign(gap_s=(steps["start_s"] - last_busy_end).fillna(0.0).clip(lower=0.0))
-    steps = steps[busy]
+    """A run's :func:`~experiments.fidelity.busy_steps` (with the idle gap before
+    each, ``gap_s``, and the model's prediction, ``pred_s``), marked by whether
+    it carries a prefill chunk, its run and its trace."""
+    steps = busy_steps(run, model)
     return steps.assign(
-        pred_s=predicted_steps(steps, model),
-        prefill=steps["num_prefill_tokens"] > 0,
-        run=run.name,
-        trace=run.parent.name,
+        prefill=steps["num_prefill_tokens"] > 0, run=run.name, trace=run.parent.name
     )
 
 
@@ -121,21 +107,26 @@ def affine(steps: pd.DataFrame) -> dict:
 
 def shape(steps: pd.DataFrame) -> dict:
     """The model's error on one trace's steps in total, and the two level-free
-    ratios a change of the machine's speed leaves alone: steps with a prefill
-    chunk against plain decodes (``split``), decodes of 1-2 requests against
-    those of 4 or more (``small_vs_large``); each (1 + error) / (1 + error) - 1."""
-    pred, real = steps["pred_s"].to_numpy(float), steps["latency_s"].to_numpy(float)
-    prefill = steps["prefill"].to_numpy(bool)
-    reqs = steps["num_reqs"].to_numpy(float)
+    ratios a change of the machine's speed leaves alone (``error_ratio``): steps
+    with a prefill chunk against plain decodes (``split``), decodes of 1-2
+    requests against those of 4 or more (``small_vs_large``)."""
 
-    def err(mask) -> float:
-        return float(pred[mask].sum() / real[mask].sum() - 1) if mask.any() else float("nan")
+    def total(part: pd.DataFrame) -> float:
+        return step_errors(part)["step_err_total"] if len(part) else np.nan
 
-    small, large = ~prefill & (reqs <= 2), ~prefill & (reqs >= 4)
+    errors = step_errors(steps)
+    decodes = steps[~steps["prefill"]]
+    small, large = (
+        total(decodes[decodes["num_reqs"] <= 2]),
+        total(decodes[decodes["num_reqs"] >= 4]),
+    )
     return {
-        "err_total": err(np.ones_like(prefill)),
-        "split": (1 + err(prefill)) / (1 + err(~prefill)) - 1,
-        "small_vs_large": (1 + err(small)) / (1 + err(large)) - 1,
+        "err_total": errors["step_err_total"],
+        "split": error_ratio(
+            errors.get("step_err_prefill_total", np.nan),
+            errors.get("step_err_decode_total", np.nan),
+        ),
+        "small_vs_large": error_ratio(small, large),
     }
 
 
@@ -209,10 +200,9 @@ def main(argv: list[str] | None = None) -> None:
         )  # fmt: skip
     print(text, end="")
     if args.out:
-        if compared is not None:
-            args.out.mkdir(parents=True, exist_ok=True)
-            compared.to_csv(args.out / "compare.csv", index=False)
         args.out.mkdir(parents=True, exist_ok=True)
+        if compared is not None:
+            compared.to_csv(args.out / "compare.csv", index=False)
         gaps.to_csv(args.out / "gaps.csv", index=False)
         decodes.to_csv(args.out / "decodes.csv", index=False)
         fits.to_csv(args.out / "affine.csv", index=False)

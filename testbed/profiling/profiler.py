@@ -30,7 +30,13 @@ import torch
 from testbed.core import Request, SamplingParams
 from testbed.engine.llm import EngineArgs, build_engine, pick_device
 from testbed.profiling.reference import ReferenceProbe, busy_median, sample_table
-from testbed.sim.latency import FEATURES, ProfileModel, read_profile_header, step_features
+from testbed.sim.latency import (
+    FEATURES,
+    REPLAY_GRIDS,
+    ProfileModel,
+    read_profile_header,
+    step_features,
+)
 
 DECODE_BATCHES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 32, 64)
 CONTEXTS = (64, 256, 1024, 2000)
@@ -345,7 +351,6 @@ def replay_kv_blocks(num_requests: int, block_size: int) -> int:
     return num_requests * -(-longest // block_size) + 16
 
 
-REPLAY_GRIDS = ("replay", "replay_sparse")  # profile rows of replayed steps
 # The sparse replay's arrival rate (req/s): a request of the replay's lengths takes
 # about 2.5 s alone on the 2-core CPU VM, so most run alone or in pairs.
 SPARSE_RATE = 0.25

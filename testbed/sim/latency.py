@@ -184,6 +184,9 @@ TOKEN_KNOTS = (128, 512)
 KV_KNOTS = (8192, 32768)  # KV tokens read past which attention outgrows the caches
 PAIR_KNOTS = (2**17, 2**19)  # attention pairs (a 512- and a 1,024-token prefill) likewise
 GROUP_WEIGHTS = {"replay": 4.0, "point": 1.0}  # profile rows: realistic steps vs grid
+# Profile rows of replayed steps (the profiler's busy replay and its sparse one):
+# one group, "replay", for the fit's weights and its level.
+REPLAY_GRIDS = ("replay", "replay_sparse")
 # Decode-only batches of up to this many requests each get their own term (where
 # the profile has at least DECODE_SIZE_ROWS of them): a CPU GEMM's cost is not
 # smooth in its rows at small sizes (with one thread, the LM head of 2 or 3 rows
@@ -276,9 +279,8 @@ class ProfileModel:
         # much, anchor the corners a replay does not reach (and extrapolation).
         w = 1 / y
         groups = table["grid"].to_numpy() if "grid" in table.columns else None
-        if groups is not None:  # the sparse replay's steps are replay steps too
-            groups = np.where(groups == "replay_sparse", "replay", groups)
         if groups is not None:
+            groups = np.where(np.isin(groups, REPLAY_GRIDS), "replay", groups)
             for g in np.unique(groups):
                 share = GROUP_WEIGHTS.get(g, 1.0) / np.sqrt((groups == g).sum())
                 w[groups == g] *= share

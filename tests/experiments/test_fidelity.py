@@ -515,7 +515,9 @@ def test_steps_by_size_groups_the_real_steps_and_divides_out_the_machine(tmp_pat
         rows.append(step(3, prefill=64, decode=2))
         rows.append(step(0, work=0, latency=0.0))  # idle
         (tmp_path / run).mkdir()
-        pd.DataFrame(rows).to_csv(tmp_path / run / "steps.csv", index=False)
+        steps = pd.DataFrame(rows)
+        steps["start_s"] = steps["latency_s"].cumsum().shift(fill_value=0.0)  # back to back
+        steps.to_csv(tmp_path / run / "steps.csv", index=False)
     table = steps_by_size({"t": [busy_steps(tmp_path / r, Model()) for r in ("a", "b")]})
     by = {(r.step, r.num_reqs): r for r in table.itertuples()}
     assert set(by) == {
