@@ -135,6 +135,31 @@ STATS = ("mean", "p50", "p90", "p99")
 LATENCIES = ("ttft_s", "tpot_s", "e2e_s")
 NOISE = " (real vs real)"  # the policy column of a real run against its repeat
 LOWEST_RATE = 0.05  # req/s: where the capacity search starts (assumed sustained)
+# metric: the issue's target for its relative error (err_<metric> in fidelity.csv)
+TARGETS = {"throughput_req_s": 0.05, "tpot_s_mean": 0.05, "e2e_s_mean": 0.05, "ttft_s_p50": 0.10}
+
+
+def read_experiment(path: Path) -> tuple[dict, pd.DataFrame]:
+    """An experiment's ``meta`` (from ``fidelity.json``) and its table (``fidelity.csv``)."""
+    files = {name: path / name for name in ("fidelity.json", "fidelity.csv")}
+    for name, file in files.items():
+        if not file.is_file():
+            raise SystemExit(f"{path}: no {name} (the --out directory of experiments/fidelity.py)")
+    meta = json.loads(files["fidelity.json"].read_text()).get("meta")
+    if not isinstance(meta, dict):
+        raise SystemExit(f"{files['fidelity.json']}: no 'meta' object")
+    table = pd.read_csv(files["fidelity.csv"])
+    for column in ("trace", "policy"):
+        if column not in table:
+            raise SystemExit(f"{files['fidelity.csv']}: no '{column}' column")
+    twice = table.duplicated(["trace", "policy"], keep=False)
+    if twice.any():
+        first = table[twice].iloc[0]
+        raise SystemExit(
+            f"{files['fidelity.csv']}: rows {[i + 2 for i in table.index[twice]]} repeat the "
+            f"pair {first['trace']} / {first['policy']}: one row per pair"
+        )
+    return meta, table
 
 
 def compose_cfg(overrides: list[str]):

@@ -1,6 +1,6 @@
 """How many sim-vs-real pairs meet the fidelity targets, experiment by experiment.
 
-Reads the ``fidelity.csv`` (and ``fidelity.json``) that ``experiments/fidelity.py``
+Reads the ``fidelity.csv`` and ``fidelity.json`` that ``experiments/fidelity.py``
 wrote into each results folder given and counts, per way of setting the
 simulation's speed, the pairs (trace, policy) that meet all of the issue's
 targets at once: throughput, mean TPOT and mean E2E within 5%, p50 TTFT within
@@ -42,19 +42,10 @@ import math
 import sys
 from pathlib import Path
 
-import pandas as pd
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from experiments.fidelity import NOISE, error_ratio
+from experiments.fidelity import NOISE, TARGETS, error_ratio, markdown_table, read_experiment
 
-# metric column (after the prefix) -> the largest relative error that meets the target
-TARGETS = {
-    "err_throughput_req_s": 0.05,
-    "err_tpot_s_mean": 0.05,
-    "err_e2e_s_mean": 0.05,
-    "err_ttft_s_p50": 0.10,
-}
 VARIANTS = {
     "profile": "",
     "reference": "ref_",
@@ -66,14 +57,14 @@ VARIANTS = {
 
 def misses(row: dict, prefix: str) -> list[str] | None:
     """The targets ``row`` misses with ``prefix``'s errors; None where it has none of them."""
-    values = {metric: number(row, prefix + metric) for metric in TARGETS}
+    values = {f"err_{metric}": number(row, f"{prefix}err_{metric}") for metric in TARGETS}
     if all(v is None for v in values.values()):
         return None
     out = []
     for metric, value in values.items():
         if value is None:
             out.append(f"{metric}: missing")
-        elif abs(value) > TARGETS[metric]:
+        elif abs(value) > TARGETS[metric.removeprefix("err_")]:
             out.append(f"{metric} {value:+.1%}")
     return out
 
@@ -122,16 +113,7 @@ def split_vs_speed(summaries: list[dict]) -> dict | None:
 
 def summarize(folder: Path) -> dict:
     """One experiment: pairs meeting every target per variant, and its noise floor."""
-    csv = folder / "fidelity.csv"
-    if not csv.is_file():
-        raise FileNotFoundError(f"{folder}: no fidelity.csv (not a fidelity.py results folder)")
-    table = pd.read_csv(csv)
-    for column in ("trace", "policy"):
-        if column not in table.columns:
-            raise ValueError(f"{csv}: no column {column!r}")
-    meta = {}
-    if (folder / "fidelity.json").is_file():
-        meta = json.loads((folder / "fidelity.json").read_text()).get("meta", {})
+    meta, table = read_experiment(folder)
     noise = table["policy"].astype(str).str.endswith(NOISE)
     pairs, floor = table[~noise].to_dict("records"), table[noise].to_dict("records")
     variants = {}
@@ -168,8 +150,7 @@ def summarize(folder: Path) -> dict:
 
 
 def markdown(summaries: list[dict]) -> str:
-    head = ["experiment", "fit", *VARIANTS, "real vs real"]
-    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    rows = []
     for s in summaries:
         cells = [f"`{s['experiment']}/`", "–" if s["fit"] is None else f"{s['fit']:.1%}"]
         for name in VARIANTS:
@@ -177,8 +158,8 @@ def markdown(summaries: list[dict]) -> str:
             cells.append("–" if v is None else f"{v['met']} / {v['pairs']}")
         n = s["noise"]
         cells.append("–" if not n["comparisons"] else f"{n['met']} / {n['comparisons']}")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append(cells)
+    return markdown_table(["experiment", "fit", *VARIANTS, "real vs real"], rows, left=1)
 
 
 def main(argv: list[str] | None = None) -> None:

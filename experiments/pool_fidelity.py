@@ -40,11 +40,9 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from experiments.fidelity import NOISE, markdown_table  # noqa: E402
+from experiments.fidelity import NOISE, TARGETS, markdown_table, read_experiment  # noqa: E402
 from testbed.report.wandb_log import log_experiment  # noqa: E402
 
-# metric: the issue's target for its relative error
-TARGETS = {"throughput_req_s": 0.05, "tpot_s_mean": 0.05, "e2e_s_mean": 0.05, "ttft_s_p50": 0.10}
 # column prefix: how the simulation was given the machine's speed (fidelity.py)
 VARIANTS = {
     "err": "merged profile",
@@ -55,29 +53,6 @@ VARIANTS = {
     "win_err": "runs' speed by window (not a prediction)",
 }
 SAME = ("load", "num_requests", "max_model_len")  # meta fields that must agree
-
-
-def read_experiment(path: Path) -> tuple[dict, pd.DataFrame]:
-    """An experiment's ``meta`` (from ``fidelity.json``) and its table (``fidelity.csv``)."""
-    files = {name: path / name for name in ("fidelity.json", "fidelity.csv")}
-    for name, file in files.items():
-        if not file.is_file():
-            raise SystemExit(f"{path}: no {name} (the --out directory of experiments/fidelity.py)")
-    meta = json.loads(files["fidelity.json"].read_text()).get("meta")
-    if not isinstance(meta, dict):
-        raise SystemExit(f"{files['fidelity.json']}: no 'meta' object")
-    table = pd.read_csv(files["fidelity.csv"])
-    for column in ("trace", "policy"):
-        if column not in table:
-            raise SystemExit(f"{files['fidelity.csv']}: no '{column}' column")
-    twice = table.duplicated(["trace", "policy"], keep=False)
-    if twice.any():
-        first = table[twice].iloc[0]
-        raise SystemExit(
-            f"{files['fidelity.csv']}: rows {[i + 2 for i in table.index[twice]]} repeat the "
-            f"pair {first['trace']} / {first['policy']}: one row per pair"
-        )
-    return meta, table
 
 
 def setting_key(override: str) -> str:

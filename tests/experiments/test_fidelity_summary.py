@@ -28,8 +28,7 @@ def met(prefix: str = "", **over: float) -> dict:
 def write(folder, rows: list[dict], meta: dict | None = None):
     folder.mkdir(parents=True)
     pd.DataFrame(rows).to_csv(folder / "fidelity.csv", index=False)
-    if meta is not None:
-        (folder / "fidelity.json").write_text(json.dumps({"meta": meta}))
+    (folder / "fidelity.json").write_text(json.dumps({"meta": meta or {}}))
     return folder
 
 
@@ -87,10 +86,16 @@ def test_main_skips_folders_without_results_and_names_them(tmp_path, capsys):
         fs.main([str(empty)])
 
 
-def test_a_csv_without_its_key_columns_is_refused_by_name(tmp_path):
+def test_a_results_folder_is_read_by_the_shared_reader_and_refused_by_name(tmp_path):
     folder = write(tmp_path / "bad", [{"policy": "fcfs", **met()}])
-    with pytest.raises(ValueError, match=r"fidelity\.csv.*'trace'"):
+    with pytest.raises(SystemExit, match=r"fidelity\.csv: no 'trace' column"):
         fs.summarize(folder)
+    twice = write(tmp_path / "twice", [row("azure_conv", "fcfs", **met())] * 2)
+    with pytest.raises(SystemExit, match=r"rows \[2, 3\] repeat the pair azure_conv / fcfs"):
+        fs.summarize(twice)
+    (twice / "fidelity.json").unlink()
+    with pytest.raises(SystemExit, match=r"no fidelity\.json"):
+        fs.summarize(twice)
 
 
 def test_split_against_speed_recovers_a_known_slope_within_each_experiment(tmp_path):

@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 
 from experiments import pool_fidelity
-from experiments.pool_fidelity import check_alike, count_within, pool, read_experiment
+from experiments.fidelity import read_experiment
+from experiments.pool_fidelity import check_alike, count_within, pool
 
 META = dict(
     load=0.7, num_requests=200, max_model_len=2048, extra=["hardware=cpu1", "trace.num_tenants=4"]
