@@ -1,6 +1,6 @@
 """Paged-attention kernels on the GPU: decode bandwidth and prefill FLOP/s vs the roofline.
 
-Decode (``kernels.triton_kernels.paged_attention_decode``): achieved HBM bandwidth,
+Decode (``testbed.kernels.triton_kernels.paged_attention_decode``): achieved HBM bandwidth,
 counting the K and V bytes actually read (context tokens x KV heads x head dim x 2 x
 dtype bytes) plus query and output, against the H200's 4.8 TB/s, at batch 1, 16, 64,
 256 and contexts 1k, 4k, 16k (every sequence at the full context), head dim 128, 8 KV
@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from common import write_results  # noqa: E402
 
-from kernels import reference  # noqa: E402
+from testbed.kernels import reference  # noqa: E402
 
 DEVICE = "cuda"
 PEAK_HBM_BYTES_S = 4.8e12  # H200
@@ -203,7 +203,7 @@ def main() -> None:
         return
     import triton
 
-    from kernels import triton_kernels as tk
+    from testbed.kernels import triton_kernels as tk
 
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     flush = torch.empty(512 * 2**20, dtype=torch.uint8, device=DEVICE)  # > L2 (50 MB)

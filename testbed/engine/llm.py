@@ -122,7 +122,7 @@ def pick_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
 
 
 def select_backend(name: str, device: torch.device):
-    import kernels
+    from testbed import kernels
 
     return kernels.select_backend(name, device)
 

@@ -3,7 +3,7 @@
 Module and parameter names follow transformers' (``model.layers.0.self_attn.q_proj``
 and so on) so that HF checkpoints load as they are. The forward pass takes one
 flattened batch of tokens from any number of requests (prefill chunks and
-decodes mixed); attention goes through ``kernels`` (Triton on CUDA, the torch
+decodes mixed); attention goes through ``testbed.kernels`` (Triton on CUDA, the torch
 reference elsewhere) with the batch's block tables.
 """
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torch
 
-import kernels.reference
 from testbed.engine.model import AttentionMetadata, CausalLM
+from testbed.kernels import reference as torch_reference
 
 TINY = dict(
     hidden_size=64,
@@ -65,7 +65,7 @@ def run_prefill(
     token_ids: list[int],
     chunk: int | None = None,
     block_size: int = 4,
-    backend=kernels.reference,
+    backend=torch_reference,
 ) -> torch.Tensor:
     """Logits of every position, computed through the paged cache in chunks."""
     cfg = model.config

@@ -54,7 +54,7 @@ def test_dummy_weights_are_made_on_the_device_in_its_dtype():
 def test_no_kernel_compiles_after_the_engine_is_built():
     # build_engine warms the kernels up; the steps of any batch and context then
     # launch only variants compiled already (a compile would stall a step seconds).
-    from kernels import triton_kernels as tk
+    from testbed.kernels import triton_kernels as tk
 
     def compiled() -> dict[str, int]:
         counts = {}

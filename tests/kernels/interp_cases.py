@@ -2,7 +2,7 @@
 
 Not collected by pytest on its own (the name does not start with ``test_``):
 ``test_triton_interpreter.py`` runs this file in a subprocess with
-``TRITON_INTERPRET=1``, which has to be set before ``kernels.triton_kernels`` is
+``TRITON_INTERPRET=1``, which has to be set before ``testbed.kernels.triton_kernels`` is
 imported and must not leak into the other tests of the same process. Run it by hand
 with ``TRITON_INTERPRET=1 python -m pytest tests/kernels/interp_cases.py``.
 """
@@ -17,8 +17,8 @@ import torch
 if os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("needs TRITON_INTERPRET=1 set before import", allow_module_level=True)
 
-import kernels
-from kernels import reference
+from testbed import kernels
+from testbed.kernels import reference
 from tests.kernels.cases import assert_close, chunk_lens, make_case
 
 tk = kernels.select_backend("triton", "cpu")

@@ -34,7 +34,7 @@ try:
 except Exception as exc:  # no CUDA backend in this triton, or other internals
     pytest.skip(f"cannot compile ahead of time with this triton: {exc}", allow_module_level=True)
 
-from kernels import triton_kernels as tk  # noqa: E402
+from testbed.kernels import triton_kernels as tk  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
 

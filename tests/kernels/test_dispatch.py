@@ -1,12 +1,12 @@
-"""Which module ``kernels`` dispatches to, without importing Triton's kernels here."""
+"""Which module ``testbed.kernels`` dispatches to, without importing Triton's kernels here."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-import kernels
-from kernels import reference
+from testbed import kernels
+from testbed.kernels import reference
 from tests.kernels.cases import make_case
 
 

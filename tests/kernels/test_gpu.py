@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import reference
+from testbed.kernels import reference
 from tests.kernels.cases import TOLERANCE
 
 pytestmark = [
@@ -52,7 +52,7 @@ def check(actual, expected, dtype):
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_reshape_and_cache_cuda(block_size, dtype):
-    from kernels import triton_kernels as tk
+    from testbed.kernels import triton_kernels as tk
 
     key, value, kc, vc, _, slots, _ = paged_cache([100, 4096, 1], block_size, dtype, 0)
     slots = slots.clone()
@@ -68,7 +68,7 @@ def test_reshape_and_cache_cuda(block_size, dtype):
 @pytest.mark.parametrize("batch", [1, 7, 64])
 @pytest.mark.parametrize("hint", [True, False])
 def test_decode_cuda(block_size, batch, hint):
-    from kernels import triton_kernels as tk
+    from testbed.kernels import triton_kernels as tk
 
     gen = torch.Generator().manual_seed(batch)
     seq_lens = torch.randint(1, 4097, (batch,), generator=gen).tolist()
@@ -87,7 +87,7 @@ def test_decode_cuda(block_size, batch, hint):
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_prefill_cuda_mixed_batch(block_size, dtype):
-    from kernels import triton_kernels as tk
+    from testbed.kernels import triton_kernels as tk
 
     # Whole prompts, chunks after a cached prefix, and decodes, up to 4k tokens.
     seq_lens = [4096, 3000, 1500, 513, 17, 2048, 1, 900]
@@ -102,7 +102,7 @@ def test_prefill_cuda_mixed_batch(block_size, dtype):
 
 
 def test_auto_dispatch_picks_triton_on_cuda():
-    import kernels
+    from testbed import kernels
 
     assert kernels.select_backend("auto", "cuda") is kernels.triton_kernels
     assert kernels.select_backend("triton", "cuda") is kernels.triton_kernels

@@ -1,6 +1,6 @@
 """Runs ``interp_cases.py`` (Triton kernels vs references) in the Triton interpreter.
 
-``TRITON_INTERPRET=1`` must be set before ``kernels.triton_kernels`` is imported, and
+``TRITON_INTERPRET=1`` must be set before ``testbed.kernels.triton_kernels`` is imported, and
 set in this process it would turn every later Triton import into the interpreter's.
 So each group of cases runs in its own pytest subprocess with the variable set; its
 output is shown when it fails.

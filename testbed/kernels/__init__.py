@@ -3,12 +3,12 @@ same signature (the real engine's hot path; the references are what runs on CPU)
 
 Three operations, in two modules with identical signatures:
 
-- ``kernels.reference``: torch, any device; the definition of what is computed.
-- ``kernels.triton_kernels``: Triton, CUDA tensors (or CPU tensors in the Triton
+- ``testbed.kernels.reference``: torch, any device; the definition of what is computed.
+- ``testbed.kernels.triton_kernels``: Triton, CUDA tensors (or CPU tensors in the Triton
   interpreter, ``TRITON_INTERPRET=1`` set before it is imported); imported lazily.
 
-``kernels.reshape_and_cache``, ``kernels.paged_attention_decode`` and
-``kernels.paged_attention_prefill`` dispatch on the tensors' device: Triton when they
+``testbed.kernels.reshape_and_cache``, ``testbed.kernels.paged_attention_decode`` and
+``testbed.kernels.paged_attention_prefill`` dispatch on the tensors' device: Triton when they
 are on CUDA and triton is importable, the reference otherwise.
 ``select_backend("auto" | "triton" | "torch", device)`` returns the module to call
 once (what the engine holds as its ``backend``).
@@ -29,7 +29,7 @@ from types import ModuleType
 
 import torch
 
-from kernels import reference
+from testbed.kernels import reference
 
 __all__ = [
     "paged_attention_decode",
@@ -58,7 +58,7 @@ def _interpreting() -> bool:
 
 
 def _triton_module() -> ModuleType:
-    return importlib.import_module("kernels.triton_kernels")
+    return importlib.import_module("testbed.kernels.triton_kernels")
 
 
 def select_backend(name: str = "auto", device: torch.device | str | None = None) -> ModuleType:
@@ -97,8 +97,8 @@ def select_backend(name: str = "auto", device: torch.device | str | None = None)
     module = _triton_module()
     if not module.INTERPRETED:
         raise RuntimeError(
-            "TRITON_INTERPRET=1 was set after kernels.triton_kernels had been imported, so its "
-            "kernels were compiled for a GPU; set it before the first import"
+            "TRITON_INTERPRET=1 was set after testbed.kernels.triton_kernels had been imported, "
+            "so its kernels were compiled for a GPU; set it before the first import"
         )
     return module
 
@@ -126,7 +126,7 @@ def paged_attention_decode(
     *,
     max_context_len: int | None = None,
 ) -> torch.Tensor:
-    """One query token per sequence over its cached context (see ``kernels.reference``)."""
+    """One query token per sequence over its cached context (see ``testbed.kernels.reference``)."""
     return select_backend("auto", query.device).paged_attention_decode(
         query,
         key_cache,
@@ -149,7 +149,8 @@ def paged_attention_prefill(
     *,
     max_context_len: int | None = None,
 ) -> torch.Tensor:
-    """Causal variable-length query chunks over a paged prefix (see ``kernels.reference``)."""
+    """Causal variable-length query chunks over a paged prefix (see
+    ``testbed.kernels.reference``)."""
     return select_backend("auto", query.device).paged_attention_prefill(
         query,
         key_cache,
@@ -163,7 +164,7 @@ def paged_attention_prefill(
 
 
 def __getattr__(name: str) -> ModuleType:
-    # ``kernels.triton_kernels`` without importing triton until someone asks for it.
+    # ``testbed.kernels.triton_kernels`` without importing triton until someone asks for it.
     if name == "triton_kernels":
         return _triton_module()
-    raise AttributeError(f"module 'kernels' has no attribute {name!r}")
+    raise AttributeError(f"module 'testbed.kernels' has no attribute {name!r}")

@@ -7,7 +7,7 @@ pad every other one), prefill loops over sequences and sends its length-1 chunks
 (decodes in a mixed batch) through the batched decode path. Math is in fp32; the
 output has the query's dtype.
 
-Layouts (shared with ``kernels.triton_kernels``):
+Layouts (shared with ``testbed.kernels.triton_kernels``):
 
 - ``key_cache``, ``value_cache``: ``[num_blocks, block_size, num_kv_heads, head_dim]``
 - ``block_tables``: ``int32 [num_seqs, max_blocks_per_seq]``; entries past a sequence's
