@@ -37,6 +37,7 @@ from testbed.engine.config import ModelConfig
 from testbed.engine.model import CausalLM
 from testbed.engine.runner import ModelExecutor
 from testbed.engine.weights import build_model
+from testbed.kernels import select_backend
 from testbed.models import ModelSpec, num_kv_blocks
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -119,12 +120,6 @@ def pick_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
         "fp32": torch.float32,
     }
     return named.get(dtype or "", torch.bfloat16)
-
-
-def select_backend(name: str, device: torch.device):
-    from testbed import kernels
-
-    return kernels.select_backend(name, device)
 
 
 def token_validator(vocab_size: int) -> Callable[[Request], str | None]:
