@@ -61,9 +61,13 @@ def test_profile_mode_writes_a_table_with_its_provenance_and_speed_probe(tmp_pat
     # The point after a cached prefix of 256 tokens computes only its 64 new ones.
     cached = points[points["prefix_tokens"] > 0]
     assert len(cached) == 1 and (cached[["num_tokens", "max_kv"]].values == [64, 320]).all()
-    # Decode steps cost more with more requests; the fit's own error is small.
+    # Decode steps cost more with more requests: 16 clearly more than 1 (on CPU, 1 and 4
+    # cost about the same, the weights' read dominating, so noise can order those two
+    # either way: a clean-clone run measured 8.93 ms for 1 and 8.77 ms for 4); the
+    # fit's own error is small.
     decodes = points[points["prefill_tokens"] == 0].sort_values("decode_batch")
-    assert decodes["latency_s"].is_monotonic_increasing
+    assert list(decodes["decode_batch"]) == [1, 4, 16]
+    assert decodes["latency_s"].iloc[-1] > 1.2 * decodes["latency_s"].iloc[0]
     assert ProfileModel(path).fit_rel_error < 0.25
     assert out["fit_rel_error"] == pytest.approx(ProfileModel(path).fit_rel_error)
 
