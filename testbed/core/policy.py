@@ -15,7 +15,10 @@ and overrides only what the policy changes:
 
 Three class attributes tell the scheduler how expensive the policy is, so that
 the default path stays cheap: ``dynamic_key`` (the key changes while a request
-waits, so the queue is re-sorted every step instead of kept sorted),
+waits, so the queue is re-sorted every step instead of kept sorted; a policy
+whose key moves whole groups at once, such as a tenant's fair-share counter,
+overrides ``group_of`` and ``order_in_group`` and the queue ranks only the
+groups' heads),
 ``reorder_running`` (running requests are also served in key order, when the
 token budget cannot cover them all) and ``preemptive`` (a waiting request that
 ranks before a running one may displace it when the batch or the cache is full).
@@ -27,7 +30,7 @@ the policy never touches those directly, it only ranks and decides.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -129,6 +132,23 @@ class Policy:
 
     def key(self, request: Request, now: float) -> Any:
         """Rank of a request: lower is served first. Ties go to earlier arrivals."""
+        return request.arrival_time
+
+    def group_of(self, request: Request) -> Hashable | None:
+        """With a dynamic key: the group whose waiting requests the key keeps in one
+        order, or None (the default) to sort the whole queue by ``key`` every step.
+
+        The contract: at any time, two waiting requests ``a``, ``b`` of one group
+        rank by ``key`` as they rank by :meth:`order_in_group` (ties to the earlier
+        ``arrival_seq`` in both), and a request's group never changes while it
+        waits. The queue then keeps each group sorted as requests enter and calls
+        ``key`` only on each group's head: a step costs the number of groups, not
+        of waiting requests. VTC's groups are tenants (one counter per tenant).
+        """
+        return None
+
+    def order_in_group(self, request: Request) -> Any:
+        """The fixed order within a :meth:`group_of` group (default: arrival)."""
         return request.arrival_time
 
     def admit(self, request: Request, now: float) -> Admission:

@@ -8,6 +8,7 @@ matches the manager's. Here we add the bookkeeping invariants.
 
 from __future__ import annotations
 
+import copy
 import os
 from collections import Counter
 
@@ -15,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from policies import REGISTRY, make_policy
-from testbed.core import Request, RequestStatus, SamplingParams
-from tests.factories import EOS, VOCAB, create_engine, run
+from testbed.core import Policy, Request, RequestStatus, SamplingParams
+from tests.factories import EOS, VOCAB, create_engine, create_requests, run
 
 
 def check_invariants(sched, so) -> None:
@@ -155,3 +156,57 @@ def test_a_preemptive_policy_evicting_by_rank_finishes_what_newest_livelocked():
     engine, _ = create_engine(make_policy("mlfq"), **cfg)
     run(engine, arrivals, max_steps=2000)
     assert all(r.status is RequestStatus.FINISHED_LENGTH for _, r in arrivals)
+
+
+def sorted_twin(policy: Policy) -> Policy:
+    """The same policy with its queue groups off: the queue sorts by ``key`` every step.
+    Make it before the policy runs (a policy keeps state)."""
+    twin = copy.deepcopy(policy)
+    twin.__class__ = type(
+        f"Sorted{type(policy).__name__}", (type(policy),), {"group_of": Policy.group_of}
+    )
+    return twin
+
+
+def outcomes(policy: Policy, arrivals, cfg: dict, num_drafts: int = 0) -> list[tuple]:
+    arrivals = copy.deepcopy(arrivals)
+    engine, _ = create_engine(policy, num_drafts=num_drafts, **cfg)
+    assert engine.scheduler.waiting.grouped == (type(policy).group_of is not Policy.group_of)
+    total_tokens = sum(r.num_prompt_tokens + r.sampling_params.max_tokens for _, r in arrivals)
+    run(engine, arrivals, max_steps=50 * total_tokens + 100)
+    return [
+        (r.request_id, r.status, r.first_scheduled_time, r.finish_time, r.num_preemptions,
+         tuple(r.output_token_ids))
+        for _, r in arrivals
+    ]  # fmt: skip
+
+
+@settings(
+    max_examples=int(os.environ.get("TESTBED_PROPERTY_EXAMPLES", "300")) // 2,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(workloads(), st.sampled_from([None, "newest", "least_computed", "lowest_rank"]))
+def test_a_grouped_queue_serves_exactly_as_the_sorted_one(workload, victim):
+    """VTC's queue keeps each tenant in arrival order and ranks only the tenants'
+    heads; with the groups off it sorts everything every step. Same schedule."""
+    cfg, _, arrivals, num_drafts = workload
+    vtc = make_policy("vtc", victim=victim)
+    twin = sorted_twin(vtc)  # before the run: a policy keeps state
+    assert outcomes(vtc, arrivals, cfg, num_drafts) == outcomes(twin, arrivals, cfg, num_drafts)
+
+
+def test_a_grouped_queue_under_load_with_many_tenants_and_preemptions():
+    """Five tenants flooding a small cache (preemptions put requests back in the
+    queue out of arrival order) and trickling in: the same schedule both ways."""
+    arrivals = []
+    for i in range(5):
+        reqs = create_requests(40, prompt_len=12 + 3 * i, output_len=6 + 2 * i, start=40 * i,
+                               seed=i, tenant=f"t{i}")  # fmt: skip
+        arrivals += [(0.013 * j * (i + 1), r) for j, r in enumerate(reqs)]
+    cfg = dict(num_blocks=40, block_size=4, max_num_seqs=6, max_num_batched_tokens=32)
+    vtc = make_policy("vtc")
+    twin = sorted_twin(vtc)
+    grouped = outcomes(vtc, arrivals, cfg)
+    assert sum(o[4] for o in grouped) > 0  # the load did preempt
+    assert grouped == outcomes(twin, arrivals, cfg)

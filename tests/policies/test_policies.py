@@ -192,3 +192,36 @@ def test_mlfq_finishes_short_jobs_first_without_knowing_lengths():
     short_mlfq = mean(e2e([r for _, r in mlfq[4:]]))
     assert short_mlfq < 0.5 * short_fcfs
     assert mean(e2e([r for _, r in mlfq])) < mean(e2e([r for _, r in fcfs]))
+
+
+def readme_policy() -> type[Policy]:
+    """The policy class of the README's "Write a policy" example, as written there."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    code = text.split("```python\n# mypolicies/tenant_rr.py\n", 1)[1].split("```", 1)[0]
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    return namespace["TenantRoundRobin"]
+
+
+def test_the_readmes_policy_lets_tenants_take_turns_and_ranks_only_their_heads():
+    from tests.core.test_properties import outcomes, sorted_twin
+
+    def workload():
+        flood = create_requests(12, prompt_len=8, output_len=6, tenant="a")
+        others = [create_requests(3, prompt_len=8, output_len=6, start=12 + 3 * i, seed=i,
+                                  tenant=t) for i, t in enumerate("bc")]  # fmt: skip
+        return [(0.0, r) for r in flood] + [(0.001, r) for r in others[0] + others[1]]
+
+    cls = readme_policy()
+    policy, twin = cls(), sorted_twin(cls())
+    arrivals = workload()
+    engine = replay(policy, arrivals, max_num_seqs=1)
+    assert engine.scheduler.waiting.grouped
+    order = [r.tenant for _, r in sorted(arrivals, key=lambda a: a[1].first_scheduled_time)]
+    # The first "a" started alone; then the three tenants take turns while all wait.
+    assert order[:10] == ["a", "b", "c", "a", "b", "c", "a", "b", "c", "a"]
+    assert outcomes(cls(), workload(), dict(max_num_seqs=1)) == outcomes(
+        twin, workload(), dict(max_num_seqs=1)
+    )
