@@ -8,7 +8,10 @@ lengths in advance. Skip-join: a request enters at the highest level whose
 quantum covers its prefill (long prompts skip the top levels instead of
 wasting them). A decode token is one unit; ``prefill_tokens_per_unit`` prompt
 tokens are one unit. A request that waits longer than ``starvation_s`` is
-promoted back to the top. Preemptive across levels.
+promoted back to the top. Preemptive across levels. Keep ``starvation_s`` well
+above a request's service time: a promoted request displaces a running one,
+which recomputes from scratch, and with starvation in a few steps requests can
+displace each other forever.
 """
 
 from collections.abc import Sequence
@@ -57,9 +60,25 @@ class MLFQ(Policy):
 
     def key(self, request: Request, now: float) -> tuple[int, float]:
         rid = request.request_id
-        if now - self.last_served.get(rid, now) > self.starvation_s:
+        if self._starved(rid, now):
             self.level[rid], self.used[rid], self.last_served[rid] = 0, 0.0, now
         return (self.level.get(rid, 0), request.arrival_time)
+
+    def _starved(self, rid: str, now: float) -> bool:
+        # As ``now > regroup_at``, to the last bit: the queue's regroup times agree.
+        return rid in self.last_served and now > self.last_served[rid] + self.starvation_s
+
+    def group_of(self, request: Request, now: float) -> int:
+        """Its level, as ``key`` ranks it: requests of one level wait in arrival order."""
+        rid = request.request_id
+        return 0 if self._starved(rid, now) else self.level.get(rid, 0)
+
+    def regroup_at(self, request: Request) -> float | None:
+        """A waiting request's level changes only when starvation lifts it to the top."""
+        rid = request.request_id
+        if self.level.get(rid, 0) == 0 or rid not in self.last_served:
+            return None
+        return self.last_served[rid] + self.starvation_s
 
     def on_step(self, output: SchedulerOutput, finished: Sequence[Request], now: float) -> None:
         for i, req in enumerate(output.requests):

@@ -35,7 +35,7 @@ class VTC(Policy):
     def key(self, request: Request, now: float) -> tuple[float, float]:
         return (self.counters[request.tenant], request.arrival_time)
 
-    def group_of(self, request: Request) -> str:
+    def group_of(self, request: Request, now: float) -> str:
         return request.tenant  # one counter per tenant: its requests wait in arrival order
 
     def on_arrival(self, request: Request, now: float) -> None:

@@ -134,22 +134,28 @@ class Policy:
         """Rank of a request: lower is served first. Ties go to earlier arrivals."""
         return request.arrival_time
 
-    def group_of(self, request: Request) -> Hashable | None:
+    def group_of(self, request: Request, now: float) -> Hashable | None:
         """With a dynamic key: the group whose waiting requests the key keeps in one
-        order, or None (the default) to sort the whole queue by ``key`` every step.
+        fixed order, or None (the default) to sort the whole queue by ``key`` every step.
 
         The contract: at any time, two waiting requests ``a``, ``b`` of one group
         rank by ``key`` as they rank by :meth:`order_in_group` (ties to the earlier
-        ``arrival_seq`` in both), and a request's group never changes while it
-        waits. The queue then keeps each group sorted as requests enter and calls
-        ``key`` only on each group's head: a step costs the number of groups, not
-        of waiting requests. VTC's groups are tenants (one counter per tenant).
+        ``arrival_seq`` in both), and a request's group stays what ``group_of``
+        said when it entered the queue until :meth:`regroup_at`. The queue keeps
+        each group sorted as requests enter and calls ``key`` only on each group's
+        head: a step costs the number of groups, not of waiting requests. VTC's
+        groups are tenants (one counter per tenant); MLFQ's are levels.
         """
         return None
 
     def order_in_group(self, request: Request) -> Any:
         """The fixed order within a :meth:`group_of` group (default: arrival)."""
         return request.arrival_time
+
+    def regroup_at(self, request: Request) -> float | None:
+        """When a waiting request's group changes (None: never, the default). The
+        queue asks :meth:`group_of` again at its first read after that time."""
+        return None
 
     def admit(self, request: Request, now: float) -> Admission:
         """Decide on the head-of-queue candidate before it gets KV blocks."""
