@@ -4,8 +4,12 @@ The work a request costs is what the engine must compute: its prompt tokens
 not already in the prefix cache, plus its output tokens. Ordering by that size
 favours requests whose prefix is cached (the idea behind SGLang's
 longest-prefix-match ordering and cache-aware job sizes in later work). The
-cached part changes as the cache fills and evicts, so the key is dynamic.
+cached part changes as the cache fills and evicts, so the key is dynamic; but a
+request whose tokens are unknown (a length-only prompt without prefix hashes)
+never hits, so those wait in one group ranked by their fixed size.
 """
+
+from collections.abc import Hashable
 
 from policies.sjf import SJF
 from testbed.core.request import Request
@@ -20,3 +24,12 @@ class CacheAwareSJF(SJF):
     def job_size(self, request: Request) -> float:
         cached = self.view.prefix_hit_tokens(request) if self.view is not None else 0
         return request.num_prompt_tokens - cached + super().job_size(request)
+
+    def group_of(self, request: Request, now: float) -> Hashable:
+        """One group, None, of the requests that can never hit the cache (their key is
+        fixed, without aging); every other request is a group of its own."""
+        never_hits = request.prompt_token_ids is None and request.prefix_hash_ids is None
+        return None if never_hits and not self.aging_tokens_per_s else request.request_id
+
+    def order_in_group(self, request: Request) -> float:
+        return self.job_size(request)

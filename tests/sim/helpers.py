@@ -11,6 +11,7 @@ from policies.routers import make_router
 from testbed.core import (
     EngineCore,
     KVCacheManager,
+    Policy,
     Request,
     SamplingParams,
     Scheduler,
@@ -71,7 +72,10 @@ def simulate(
 
     def make_engine(i, clock):
         kv = KVCacheManager(num_blocks, 16, True)
-        pol = make_policy(policy) if isinstance(policy, str) else make_policy(dict(policy))
+        if isinstance(policy, Policy):  # one replica's own
+            pol = policy
+        else:
+            pol = make_policy(policy) if isinstance(policy, str) else make_policy(dict(policy))
         engines.append(
             EngineCore(Scheduler(SchedulerConfig(**cfg), kv, pol), SimExecutor(lat), clock)
         )

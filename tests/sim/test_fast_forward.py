@@ -77,3 +77,23 @@ def test_fast_path_equals_stepping_when_a_prefill_makes_room_through_the_prefix_
     assert observable(fast.requests) == observable(slow.requests)
     assert fast.steps.to_frame().equals(slow.steps.to_frame())
     assert fast.num_jumped_steps > 0
+
+
+@pytest.mark.parametrize("policy", ["vtc", "mlfq", "cache_aware_sjf"])
+@pytest.mark.parametrize("num_blocks", [20_000, 700], ids=["roomy", "tight"])
+def test_a_grouped_waiting_queue_simulates_as_the_sorted_one(policy, num_blocks):
+    """A policy that groups its queue (tenants, levels, or the requests that cannot
+    hit the prefix cache) against the same policy sorting the queue every step."""
+    from policies import make_policy
+    from tests.core.test_properties import sorted_twin
+
+    kwargs = {"starvation_s": 2.0} if policy == "mlfq" else {}  # starving within the run
+    grouped = make_policy(policy, **kwargs)
+    twin = sorted_twin(grouped)
+    run = dict(fast_forward=True, num_blocks=num_blocks, max_num_seqs=8)
+    a, engines = simulate(random_requests(250, rate=8.0), grouped, **run)
+    b, _ = simulate(random_requests(250, rate=8.0), twin, **run)
+    assert engines[0].scheduler.waiting.grouped
+    assert observable(a.requests) == observable(b.requests)
+    assert a.steps.to_frame().equals(b.steps.to_frame())
+    assert max(a.steps.to_frame()["num_waiting"]) > 20  # the queue was long
