@@ -11,6 +11,7 @@ and overrides only what the policy changes:
 ``on_step(...)``       sees each finished step (fair-share counters, aging...)
 ``on_arrival(...)``    sees each arriving request
 ``on_decode_steps``    sees many plain decode steps at once (simulator)
+``group_of(...)``      optional: groups the key keeps in a fixed order (a cheap queue)
 =====================  =====================================================
 
 Three class attributes tell the scheduler how expensive the policy is, so that
