@@ -137,7 +137,8 @@ class Policy:
 
     def group_of(self, request: Request, now: float) -> Hashable | None:
         """With a dynamic key: the group whose waiting requests the key keeps in one
-        fixed order, or None (the default) to sort the whole queue by ``key`` every step.
+        fixed order (any hashable). Not overridden, the queue sorts every waiting
+        request by ``key`` every step.
 
         The contract: at any time, two waiting requests ``a``, ``b`` of one group
         rank by ``key`` as they rank by :meth:`order_in_group` (ties to the earlier
