@@ -28,10 +28,10 @@ class CacheAwareSJF(SJF):
         return request.num_prompt_tokens - cached + super().job_size(request)
 
     def group_of(self, request: Request, now: float) -> Hashable:
-        """One group of the requests that can never hit the cache (their key is fixed,
-        without aging); every other request is a group of its own."""
+        """One group of the requests that can never hit the cache (their key is fixed);
+        every other request is a group of its own."""
         never_hits = request.prompt_token_ids is None and request.prefix_hash_ids is None
-        return NEVER_HITS if never_hits and not self.aging_tokens_per_s else request.request_id
+        return NEVER_HITS if never_hits else request.request_id
 
     def order_in_group(self, request: Request) -> float:
-        return self.job_size(request)
+        return self.key(request, 0.0)  # SJF's key does not read now

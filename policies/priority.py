@@ -21,10 +21,12 @@ class Priority(Policy):
         if aging_interval_s < 0:
             raise ValueError("aging_interval_s must be >= 0")
         self.aging_interval_s = aging_interval_s
-        self.dynamic_key = aging_interval_s > 0
 
     def key(self, request: Request, now: float) -> tuple[float, float]:
+        # Aging lifts every request by (now - arrival) / interval levels; now / interval
+        # is the same for all, so priority + arrival / interval ranks them alike and
+        # does not change while they wait (a static key).
         prio = float(request.priority)
         if self.aging_interval_s > 0:
-            prio -= (now - request.arrival_time) / self.aging_interval_s
+            prio += request.arrival_time / self.aging_interval_s
         return (prio, request.arrival_time)

@@ -39,13 +39,15 @@ class SJF(Policy):
             raise ValueError(f"length must be one of {LENGTHS}, got {length!r}")
         self.length = length
         self.aging_tokens_per_s = aging_tokens_per_s
-        self.dynamic_key = type(self).dynamic_key or aging_tokens_per_s > 0
 
     def job_size(self, request: Request) -> float:
         return output_length(request, self.length)
 
     def key(self, request: Request, now: float) -> float:
+        # Aging takes aging x (now - arrival) off every size; aging x now is the same
+        # for all, so size + aging x arrival ranks them alike, and does not change
+        # while they wait (a static key: the queue stays sorted, no sort per step).
         size = self.job_size(request)
         if self.aging_tokens_per_s:
-            size -= self.aging_tokens_per_s * (now - request.arrival_time)
+            size += self.aging_tokens_per_s * request.arrival_time
         return size

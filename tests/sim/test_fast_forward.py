@@ -97,3 +97,40 @@ def test_a_grouped_waiting_queue_simulates_as_the_sorted_one(policy, num_blocks)
     assert observable(a.requests) == observable(b.requests)
     assert a.steps.to_frame().equals(b.steps.to_frame())
     assert max(a.steps.to_frame()["num_waiting"]) > 20  # the queue was long
+
+
+@pytest.mark.parametrize("num_blocks", [20_000, 700], ids=["roomy", "tight"])
+@pytest.mark.parametrize("name", ["sjf", "priority"])
+def test_aging_as_a_static_key_ranks_as_aging_every_step(name, num_blocks):
+    """SJF and priority rank with aging by a key that does not change while requests
+    wait (size + aging x arrival); the textbook form, size - aging x time waited,
+    re-ranked every step, gives the same schedule."""
+    from policies.priority import Priority
+    from policies.sjf import SJF
+
+    class AgingSJF(SJF):  # the textbook form
+        dynamic_key = True
+
+        def key(self, request, now):
+            return self.job_size(request) - self.aging_tokens_per_s * (now - request.arrival_time)
+
+    class AgingPriority(Priority):
+        dynamic_key = True
+
+        def key(self, request, now):
+            prio = request.priority - (now - request.arrival_time) / self.aging_interval_s
+            return (prio, request.arrival_time)
+
+    static, textbook = (
+        (SJF(aging_tokens_per_s=20.0), AgingSJF(aging_tokens_per_s=20.0))
+        if name == "sjf"
+        else (Priority(aging_interval_s=0.5), AgingPriority(aging_interval_s=0.5))
+    )
+    assert not static.dynamic_key
+    run = dict(fast_forward=True, num_blocks=num_blocks, max_num_seqs=8)
+    a, _ = simulate(random_requests(250, rate=8.0), static, **run)
+    b, _ = simulate(random_requests(250, rate=8.0), textbook, **run)
+    assert observable(a.requests) == observable(b.requests)
+    # Aging mattered: some request ran before one that was ahead of it without aging.
+    c, _ = simulate(random_requests(250, rate=8.0), name, **run)
+    assert observable(a.requests) != observable(c.requests)
