@@ -34,4 +34,6 @@ class CacheAwareSJF(SJF):
         return NEVER_HITS if never_hits else request.request_id
 
     def order_in_group(self, request: Request) -> float:
-        return self.key(request, 0.0)  # SJF's key does not read now
+        if self.group_of(request, 0.0) is NEVER_HITS:
+            return self.key(request, 0.0)  # fixed: SJF's key does not read now
+        return 0.0  # alone in its group: no prefix lookup needed
