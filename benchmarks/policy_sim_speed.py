@@ -29,13 +29,12 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from common import write_results  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
+from sim_speed import measure  # noqa: E402
 
 from policies import REGISTRY, make_policy  # noqa: E402
 from testbed.core import Policy  # noqa: E402
 from testbed.core.queue import WaitingQueue  # noqa: E402
-from testbed.metrics.summary import requests_frame, summarize  # noqa: E402
-from testbed.runner import model_spec, simulate, trace_options  # noqa: E402
-from testbed.workload import to_requests  # noqa: E402
+from testbed.runner import model_spec, trace_options  # noqa: E402
 from traces import load_trace  # noqa: E402
 
 SETUPS = {
@@ -71,23 +70,6 @@ def sorted_queues():
 def groups(policy: str) -> bool:
     p = make_policy(policy)
     return p.dynamic_key and type(p).group_of is not Policy.group_of
-
-
-def measure(cfg, trace, spec) -> dict:
-    requests = to_requests(trace, seed=cfg.seed)
-    result, extra = simulate(cfg, requests, spec)
-    summary = summarize(result.requests, result.steps, requests_frame(result.requests))
-    return dict(
-        requests=len(requests),
-        finished=summary["num_finished"],
-        steps=len(result.steps),
-        max_waiting=int(result.steps.to_frame()["num_waiting"].max()),
-        sim_wall_s=result.wall_s,
-        req_per_wall_s=len(requests) / result.wall_s,
-        mean_ttft_s=summary["ttft_s_mean"],
-        mean_e2e_s=summary["e2e_s_mean"],
-        latency_model=extra["latency_model"],
-    )
 
 
 def main() -> None:

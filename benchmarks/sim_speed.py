@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from common import write_results  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
+from testbed.metrics.summary import requests_frame, summarize  # noqa: E402
 from testbed.runner import model_spec, simulate  # noqa: E402
 from testbed.workload import to_requests  # noqa: E402
 from traces import load_trace  # noqa: E402
@@ -52,20 +53,24 @@ def repeat(trace: pd.DataFrame, times: int) -> pd.DataFrame:
 
 
 def measure(cfg, trace: pd.DataFrame, spec) -> dict:
+    """Simulate ``trace`` under ``cfg``: its size, the simulator's wall time, the outcome."""
     requests = to_requests(trace, seed=cfg.seed)
     t0 = time.perf_counter()
     result, extra = simulate(cfg, requests, spec)
     wall = time.perf_counter() - t0
-    finished = sum(r.is_finished for r in result.requests)
+    summary = summarize(result.requests, result.steps, requests_frame(result.requests))
     return dict(
         requests=len(requests),
-        finished=finished,
+        finished=summary["num_finished"],
         steps=len(result.steps),
         jumped_steps=result.num_jumped_steps,
+        max_waiting=int(result.steps.column("num_waiting").max()),
         sim_wall_s=result.wall_s,
         wall_s=wall,
         req_per_wall_s=len(requests) / result.wall_s,
         simulated_s=result.duration_s,
+        mean_ttft_s=summary["ttft_s_mean"],
+        mean_e2e_s=summary["e2e_s_mean"],
         latency_model=extra["latency_model"],
     )
 

@@ -30,10 +30,14 @@ class CacheAwareSJF(SJF):
     def group_of(self, request: Request, now: float) -> Hashable:
         """One group of the requests that can never hit the cache (their key is fixed);
         every other request is a group of its own."""
-        never_hits = request.prompt_token_ids is None and request.prefix_hash_ids is None
-        return NEVER_HITS if never_hits else request.request_id
+        return NEVER_HITS if never_hits(request) else request.request_id
 
     def order_in_group(self, request: Request) -> float:
-        if self.group_of(request, 0.0) is NEVER_HITS:
+        if never_hits(request):
             return self.key(request, 0.0)  # fixed: SJF's key does not read now
         return 0.0  # alone in its group: no prefix lookup needed
+
+
+def never_hits(request: Request) -> bool:
+    """Its tokens are unknown (length only, no prefix hashes): no block can match."""
+    return request.prompt_token_ids is None and request.prefix_hash_ids is None

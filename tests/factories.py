@@ -13,6 +13,8 @@ a request's output does not depend on batching, and it can propose drafts.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import random
 import zlib
 
@@ -21,6 +23,7 @@ from testbed.core import (
     EngineCore,
     ExecutorOutput,
     KVCacheManager,
+    Policy,
     Request,
     SamplingParams,
     Scheduler,
@@ -220,3 +223,29 @@ def run(engine: EngineCore, arrivals: list[tuple[float, Request]], max_steps: in
         clock.t = res.start_s + res.latency_s
         steps.append(res)
     return steps
+
+
+def sorted_twin(policy: Policy) -> Policy:
+    """The same policy with its queue groups off: the queue sorts by ``key`` every step.
+    Make it before the policy runs (a policy keeps state)."""
+    twin = copy.deepcopy(policy)
+    twin.__class__ = type(
+        f"Sorted{type(policy).__name__}", (type(policy),), {"group_of": Policy.group_of}
+    )
+    return twin
+
+
+def outcomes(policy: Policy, arrivals, cfg: dict, num_drafts: int = 0) -> list[tuple]:
+    """Replay copies of ``arrivals`` under ``policy``; what each request went through."""
+    arrivals = copy.deepcopy(arrivals)
+    engine, _ = create_engine(policy, num_drafts=num_drafts, **cfg)
+    assert engine.scheduler.waiting.grouped == (type(policy).group_of is not Policy.group_of)
+    total_tokens = sum(r.num_prompt_tokens + r.sampling_params.max_tokens for _, r in arrivals)
+    # MLFQ starving in a few steps can displace requests forever: compare how far both got.
+    with contextlib.suppress(AssertionError):
+        run(engine, arrivals, max_steps=20 * total_tokens + 100)
+    return [
+        (r.request_id, r.status, r.first_scheduled_time, r.finish_time, r.num_preemptions,
+         tuple(r.output_token_ids))
+        for _, r in arrivals
+    ]  # fmt: skip

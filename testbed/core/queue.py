@@ -109,12 +109,10 @@ class WaitingQueue:
     def peek(self, now: float) -> Request | None:
         if not self:
             return None
-        key = self.policy.key
         if self.grouped:
-            self._regroup(now)
-            heads = (entries[0][2] for entries in self._groups.values())
-            return min(heads, key=lambda r: (key(r, now), r.arrival_seq))
+            return next(self.candidates(now))[1]  # ranks only the groups' heads
         if self.dynamic:
+            key = self.policy.key
             return min(self._items, key=lambda r: (key(r, now), r.arrival_seq))
         return self._items[0][2]
 
@@ -145,8 +143,3 @@ class WaitingQueue:
         del entries[bisect_left(entries, (order, seq))]  # (order, seq) < (order, seq, request)
         if not entries:
             del self._groups[group]
-
-    def __iter__(self):
-        if self.grouped:
-            return (entry[2] for entries in self._groups.values() for entry in entries)
-        return iter(self._items if self.dynamic else [item[2] for item in self._items])

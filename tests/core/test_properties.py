@@ -8,8 +8,6 @@ matches the manager's. Here we add the bookkeeping invariants.
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import os
 from collections import Counter
 
@@ -18,7 +16,7 @@ from hypothesis import strategies as st
 
 from policies import REGISTRY, make_policy
 from testbed.core import Policy, Request, RequestStatus, SamplingParams
-from tests.factories import EOS, VOCAB, create_engine, create_requests, run
+from tests.factories import EOS, VOCAB, create_engine, create_requests, outcomes, run, sorted_twin
 
 
 def check_invariants(sched, so) -> None:
@@ -157,31 +155,6 @@ def test_a_preemptive_policy_evicting_by_rank_finishes_what_newest_livelocked():
     engine, _ = create_engine(make_policy("mlfq"), **cfg)
     run(engine, arrivals, max_steps=2000)
     assert all(r.status is RequestStatus.FINISHED_LENGTH for _, r in arrivals)
-
-
-def sorted_twin(policy: Policy) -> Policy:
-    """The same policy with its queue groups off: the queue sorts by ``key`` every step.
-    Make it before the policy runs (a policy keeps state)."""
-    twin = copy.deepcopy(policy)
-    twin.__class__ = type(
-        f"Sorted{type(policy).__name__}", (type(policy),), {"group_of": Policy.group_of}
-    )
-    return twin
-
-
-def outcomes(policy: Policy, arrivals, cfg: dict, num_drafts: int = 0) -> list[tuple]:
-    arrivals = copy.deepcopy(arrivals)
-    engine, _ = create_engine(policy, num_drafts=num_drafts, **cfg)
-    assert engine.scheduler.waiting.grouped == (type(policy).group_of is not Policy.group_of)
-    total_tokens = sum(r.num_prompt_tokens + r.sampling_params.max_tokens for _, r in arrivals)
-    # MLFQ starving in a few steps can displace requests forever: compare how far both got.
-    with contextlib.suppress(AssertionError):
-        run(engine, arrivals, max_steps=20 * total_tokens + 100)
-    return [
-        (r.request_id, r.status, r.first_scheduled_time, r.finish_time, r.num_preemptions,
-         tuple(r.output_token_ids))
-        for _, r in arrivals
-    ]  # fmt: skip
 
 
 @st.composite

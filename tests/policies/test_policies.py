@@ -13,7 +13,7 @@ import pytest
 from policies import REGISTRY, make_policy
 from policies.fcfs import FCFS
 from testbed.core import Policy, Request
-from tests.factories import create_engine, create_requests, run
+from tests.factories import create_engine, create_requests, outcomes, run, sorted_twin
 
 
 def e2e(reqs: list[Request]) -> list[float]:
@@ -206,8 +206,6 @@ def readme_policy() -> type[Policy]:
 
 
 def test_the_readmes_policy_lets_tenants_take_turns_and_ranks_only_their_heads():
-    from tests.core.test_properties import outcomes, sorted_twin
-
     def workload():
         flood = create_requests(12, prompt_len=8, output_len=6, tenant="a")
         others = [create_requests(3, prompt_len=8, output_len=6, start=12 + 3 * i, seed=i,

@@ -90,3 +90,20 @@ def simulate(
         fast_forward=fast_forward,
     )
     return sim.run(), engines
+
+
+def observable(requests):
+    return [
+        (
+            r.request_id,
+            r.status,
+            r.first_scheduled_time,
+            r.first_token_time,
+            r.finish_time,
+            tuple(r.token_times),
+            r.num_preemptions,
+            r.num_cached_tokens,
+            r.num_output_tokens,
+        )
+        for r in requests
+    ]

@@ -12,8 +12,7 @@ from policies import make_policy
 from testbed.core import EngineCore, KVCacheManager, Scheduler, SchedulerConfig
 from testbed.sim import SimExecutor, Simulation
 from testbed.sim.speed import SpeedTrace
-from tests.sim.helpers import latency_model, random_requests
-from tests.sim.test_fast_forward import observable
+from tests.sim.helpers import latency_model, observable, random_requests
 from tests.sim.test_runs import run
 
 
