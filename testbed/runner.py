@@ -440,4 +440,12 @@ def print_summary(m: Mapping[str, Any], run_dir: Path) -> None:
     print(head)
     for k, v in rows:
         print(f"  {k:<{width}}  {v}")
+    if m.get("overloaded"):
+        print(
+            f"  OVERLOADED: {m['waiting_at_last_arrival']} of "
+            f"{m['num_requests'] - m['num_rejected']} requests were still waiting when the last "
+            f"one arrived (offered {m['offered_req_s']:.3g} req/s, served "
+            f"{m['throughput_req_s']:.3g}): latencies measure the backlog. Lower the load "
+            "(trace.rate or trace.rate_scale) or add replicas (cluster=replicas4)."
+        )
     print(f"  run directory: {run_dir}")

@@ -99,6 +99,25 @@ def test_policies_change_the_outcome_under_load(tmp_path):
     assert sjf["e2e_s_mean"] < fcfs["e2e_s_mean"]
 
 
+def test_a_run_that_falls_behind_its_trace_says_so(tmp_path, capsys):
+    """The backlog when the last request arrives: as the step log's queue shows it,
+    a third of the trace when it arrives at seven times what the engine serves, none at 2 req/s."""
+    over = run(tmp_path, "trace.num_requests=300", "trace.rate=40", name="over")
+    steps = pd.read_csv(tmp_path / "over" / "steps.csv")
+    reqs = pd.read_csv(tmp_path / "over" / "requests.csv")
+    # Those waiting then are still waiting after the next step, or were scheduled in it.
+    after = steps[steps["start_s"] >= reqs["arrival_s"].max()].iloc[0]
+    waiting = over["waiting_at_last_arrival"]
+    assert over["overloaded"] and waiting > 75
+    assert after["num_waiting"] <= waiting <= after["num_waiting"] + after["num_reqs"]
+    assert over["offered_req_s"] == pytest.approx(40, rel=0.2)
+    assert over["offered_req_s"] > 3 * over["throughput_req_s"]
+    assert "OVERLOADED: " in capsys.readouterr().out
+    steady = run(tmp_path, "trace.num_requests=60", name="steady")
+    assert not steady["overloaded"] and steady["waiting_at_last_arrival"] <= 2
+    assert "OVERLOADED" not in capsys.readouterr().out
+
+
 def test_partial_run_still_writes_what_it_measured(tmp_path):
     m = run(tmp_path, "mode.max_sim_time_s=20")
     assert m["partial"] is True and "max_sim_time_s" in m["stop_reason"]
