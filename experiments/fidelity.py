@@ -116,6 +116,7 @@ sys.path.insert(0, str(ROOT))
 
 from hydra import compose, initialize_config_dir  # noqa: E402
 
+from testbed.capacity import find_capacity  # noqa: E402
 from testbed.profiling.profiler import (  # noqa: E402
     fit_line,
     merge_profiles,
@@ -126,7 +127,14 @@ from testbed.profiling.profiler import (  # noqa: E402
 )
 from testbed.profiling.reference import beside_busy  # noqa: E402
 from testbed.report.wandb_log import log_experiment  # noqa: E402
-from testbed.runner import engine_args, latency_model, real_model, run_from_config  # noqa: E402
+from testbed.runner import (  # noqa: E402
+    engine_args,
+    latency_model,
+    load_requests,
+    model_spec,
+    real_model,
+    run_from_config,
+)
 from testbed.signals import interrupt_on_sigterm  # noqa: E402
 from testbed.sim.speed import SpeedTrace  # noqa: E402
 from traces.transforms import mean_rate  # noqa: E402
@@ -134,7 +142,6 @@ from traces.transforms import mean_rate  # noqa: E402
 STATS = ("mean", "p50", "p90", "p99")
 LATENCIES = ("ttft_s", "tpot_s", "e2e_s")
 NOISE = " (real vs real)"  # the policy column of a real run against its repeat
-LOWEST_RATE = 0.05  # req/s: where the capacity search starts (assumed sustained)
 # metric: the issue's target for its relative error (err_<metric> in fidelity.csv)
 TARGETS = {"throughput_req_s": 0.05, "tpot_s_mean": 0.05, "e2e_s_mean": 0.05, "ttft_s_p50": 0.10}
 
@@ -253,35 +260,13 @@ def machine_mismatches(pairs: list[tuple[Path, object]]) -> list[str]:
     return lines
 
 
-def kept_up(run_dir: Path, rate: float) -> bool:
-    """Whether a run's throughput kept up (>= 95%) with its arrivals. A short
-    synthetic trace's arrivals come at their own rate, not the nominal one, so
-    the throughput is compared with the rate they realised (``mean_rate``, as
-    the traces' rescaling defines it: a real trace rescaled to ``rate`` has
-    exactly that rate)."""
-    metrics = read_metrics(run_dir)
-    arrived = mean_rate(pd.read_csv(run_dir / "requests.csv", usecols=["arrival_s"]))
-    return metrics["throughput_req_s"] >= 0.95 * min(rate, arrived)
-
-
-def capacity(common: list[str], out: Path) -> float:
-    """The highest arrival rate the engine sustains on this trace, in simulation:
-    bisection on the rate for the largest at which throughput keeps up with it
-    (>= 95%: a finite trace drains after its last arrival). A burst's throughput
-    would overstate it: a burst runs in batches a steady stream never forms."""
-
-    def keeps_up(rate: float) -> bool:
-        rate = round(rate, 4)  # as replayed and named
-        run = [*common, f"trace.rate={rate:.4f}", "policy=fcfs"]
-        return kept_up(simulate(run, out / f"capacity-{rate:.4f}"), rate)
-
-    lo, hi = LOWEST_RATE, 2 * LOWEST_RATE
-    while keeps_up(hi):
-        lo, hi = hi, hi * 2
-    for _ in range(8):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if keeps_up(mid) else (lo, mid)
-    return lo
+def capacity(common: list[str]) -> float:
+    """The highest arrival rate the engine sustains on this trace, in simulation
+    (``testbed.capacity``, what ``python run.py load=...`` scales a trace by)."""
+    cfg = compose_cfg([*common, "mode=sim"])
+    spec = model_spec(cfg.model)
+    trace, _ = load_requests(cfg, spec)
+    return find_capacity(cfg, spec, start_rate=mean_rate(trace))
 
 
 def compare(sim_dir: Path, real_dir: Path) -> dict:
@@ -1159,7 +1144,7 @@ def main() -> None:
             rates = json.loads(known.read_text())
             cap, rate = rates["capacity_req_s"], rates["rate_req_s"]
         else:
-            cap = capacity(common, runs / trace)
+            cap = capacity(common)
             rate = round(args.load * cap, 3)
         (runs / trace).mkdir(parents=True, exist_ok=True)
         (runs / trace / "rate.json").write_text(

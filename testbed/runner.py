@@ -12,12 +12,13 @@ import statistics
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from policies import make_policy
 from policies.routers import make_router
+from testbed.capacity import scaled_to_load
 from testbed.core import EngineCore, KVCacheManager, Scheduler, SchedulerConfig
 from testbed.metrics.summary import requests_frame, summarize
 from testbed.models import ModelSpec, num_kv_blocks
@@ -26,6 +27,10 @@ from testbed.sim import HardwareSpec, SimExecutor, Simulation, make_latency_mode
 from testbed.sim.speed import SpeedTrace
 from testbed.workload import to_requests
 from traces import load_trace
+from traces.transforms import mean_rate
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -75,6 +80,21 @@ def scheduler_config(engine: Mapping[str, Any], max_model_len: int) -> Scheduler
 
 def trace_options(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in cfg.items() if k != "name" and v is not None}
+
+
+def load_requests(
+    cfg: DictConfig, spec: ModelSpec, rate: float | None = None
+) -> tuple[pd.DataFrame, list]:
+    """The run's trace (rescaled to ``rate`` req/s where given) and its requests,
+    with token ids for the real engine."""
+    options = trace_options(OmegaConf.to_container(cfg.trace, resolve=True))
+    if rate is not None:
+        options["rate"] = rate
+    trace = load_trace(cfg.trace.name, **options)
+    requests = to_requests(
+        trace, with_tokens=cfg.mode.name == "real", vocab_size=spec.vocab_size, seed=cfg.seed
+    )
+    return trace, requests
 
 
 class Progress:
@@ -336,12 +356,16 @@ def run_from_config(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[
     run_dir.mkdir(parents=True, exist_ok=True)
     mode = cfg.mode.name
     spec = model_spec(cfg.model)
-    trace = load_trace(
-        cfg.trace.name, **trace_options(OmegaConf.to_container(cfg.trace, resolve=True))
-    )
-    requests = to_requests(
-        trace, with_tokens=mode == "real", vocab_size=spec.vocab_size, seed=cfg.seed
-    )
+    trace, requests = load_requests(cfg, spec)
+    load = {}
+    if cfg.get("load") is not None:
+        load = scaled_to_load(cfg, spec, mean_rate(trace))
+        print(
+            f"capacity {load['capacity_req_s']:.4g} req/s in simulation (fcfs, "
+            f"{load['capacity_from']}); replaying at {load['rate_req_s']:.4g} req/s "
+            f"(load {cfg.load:g})"
+        )
+        trace, requests = load_requests(cfg, spec, rate=load["rate_req_s"])
     if mode == "sim":
         result, extra = simulate(cfg, requests, spec)
     elif mode == "real":
@@ -359,6 +383,7 @@ def run_from_config(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[
         "trace_notes": "; ".join(trace.attrs.get("notes", [])),
     }
     metrics.update(summarize(result.requests, result.steps, req_df))
+    metrics.update(load)
     metrics.update(extra)
     write_tables(run_dir, req_df, result.steps)
     if result.extra.get("idle_probe") is not None:
@@ -446,6 +471,6 @@ def print_summary(m: Mapping[str, Any], run_dir: Path) -> None:
             f"{m['num_requests'] - m['num_rejected']} requests were still waiting when the last "
             f"one arrived (offered {m['offered_req_s']:.3g} req/s, served "
             f"{m['throughput_req_s']:.3g}): latencies measure the backlog. Lower the load "
-            "(trace.rate or trace.rate_scale) or add replicas (cluster=replicas4)."
+            "(load=0.7: 70% of this engine's capacity; or trace.rate) or add replicas."
         )
     print(f"  run directory: {run_dir}")

@@ -14,8 +14,9 @@ from testbed.profiling.profiler import (
     machine_name,
     profile_machine,
 )
+from testbed.runner import run_from_config
 from testbed.sim.latency import ProfileModel, read_profile_header
-from tests.sim.test_runs import compose_cfg, run_from_config
+from tests.sim.helpers import compose_cfg
 
 
 def test_profile_mode_writes_a_table_with_its_provenance_and_speed_probe(tmp_path):

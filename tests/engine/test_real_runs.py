@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from testbed.profiling.profiler import machine_name
-from tests.sim.test_runs import compose_cfg, run_from_config
+from testbed.runner import run_from_config
+from tests.sim.helpers import compose_cfg
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -17,8 +17,9 @@ from testbed.profiling.reference import (
     busy_median,
     sample_table,
 )
+from testbed.runner import run_from_config
 from testbed.sim.latency import read_profile_header
-from tests.sim.test_runs import compose_cfg, run_from_config
+from tests.sim.helpers import compose_cfg
 
 CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
 two_cores = pytest.mark.skipif(

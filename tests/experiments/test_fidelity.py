@@ -24,9 +24,9 @@ import pandas as pd
 import pytest
 
 from experiments.fidelity import busy_steps, capacity, compare, scaled_errors, step_errors
-from testbed.runner import latency_model
+from testbed.runner import latency_model, run_from_config
 from testbed.sim.speed import SpeedTrace
-from tests.sim.test_runs import ROOT, compose_cfg, run_from_config
+from tests.sim.helpers import ROOT, compose_cfg
 
 CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
 
@@ -61,7 +61,7 @@ def test_sim_predicts_the_real_engine_on_a_short_trace(tmp_path):
     profiles = tmp_path / "profiles"
     run_from_config(compose_cfg("mode=profile", *QUICK_PROFILE, *SHORT, f"profiles_dir={profiles}"))
     here = [*SHORT, f"profiles_dir={profiles}"]
-    rate = round(0.7 * capacity(here, tmp_path / "capacity"), 4)
+    rate = round(0.7 * capacity(here), 4)
     here.append(f"trace.rate={rate}")
     run_from_config(compose_cfg("mode=sim", *here), tmp_path / "sim")
     run_from_config(compose_cfg("mode=real", "mode.idle_probe=true", *here), tmp_path / "real")

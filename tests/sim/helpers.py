@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
+from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from policies import make_policy
@@ -18,9 +20,23 @@ from testbed.core import (
     SchedulerConfig,
 )
 from testbed.models import ModelSpec
+from testbed.runner import run_from_config
 from testbed.sim import HardwareSpec, SimExecutor, Simulation, make_latency_model
 
 CONF = "conf"
+ROOT = Path(__file__).resolve().parents[2]
+QUIET = ["logging=disabled", "progress=false", "plots=false"]
+
+
+def compose_cfg(*overrides: str):
+    """The project's config with ``overrides``, as ``run.py`` would resolve it."""
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        return compose("config", overrides=list(overrides))
+
+
+def run(tmp_path: Path, *overrides: str, name: str = "run") -> dict:
+    """A quiet run of the config with ``overrides``, in ``tmp_path / name``."""
+    return run_from_config(compose_cfg(*QUIET, *overrides), tmp_path / name)
 
 
 def latency_model(model: str = "llama3-8b", hardware: str = "h200"):

@@ -9,23 +9,13 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from hydra import compose, initialize_config_dir
 
 from policies.fcfs import FCFS
 from testbed.runner import run_from_config
+from tests.sim.helpers import QUIET, compose_cfg, run
 from traces import traces_dir
 
 ROOT = Path(__file__).resolve().parents[2]
-QUIET = ["logging=disabled", "progress=false", "plots=false"]
-
-
-def compose_cfg(*overrides: str):
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
-        return compose("config", overrides=list(overrides))
-
-
-def run(tmp_path: Path, *overrides: str, name: str = "run") -> dict:
-    return run_from_config(compose_cfg(*QUIET, *overrides), tmp_path / name)
 
 
 def test_default_run_writes_the_run_directory(tmp_path):

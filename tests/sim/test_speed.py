@@ -12,8 +12,7 @@ from policies import make_policy
 from testbed.core import EngineCore, KVCacheManager, Scheduler, SchedulerConfig
 from testbed.sim import SimExecutor, Simulation
 from testbed.sim.speed import SpeedTrace
-from tests.sim.helpers import latency_model, observable, random_requests
-from tests.sim.test_runs import run
+from tests.sim.helpers import latency_model, observable, random_requests, run
 
 
 def simulate(requests, speed=None, model=None, fast_forward=True, policy="fcfs", blocks=20_000):

@@ -1,0 +1,154 @@
+"""The highest arrival rate an engine sustains on a trace, found in simulation.
+
+``python run.py trace=azure_conv load=0.7`` replays the trace at 70% of it:
+policy studies compare policies at a load (light, near saturation, overload)
+rather than at a rate that means something else on every machine, model and
+engine config. A rate is *sustained* when the finished requests' throughput is
+at least 95% of the offered rate (the admitted requests over their arrivals'
+span; see :mod:`testbed.metrics.summary`): a finite trace drains after its last
+arrival, so 100% is never reached, and a longer trace sharpens the estimate.
+
+The search simulates the trace, rescaled to each rate tried, under FCFS (so that
+every policy of a sweep gets the same rate) on the run's engine, cluster,
+model, hardware and latency model (with ``mode.latency_scale``; not a speed
+trace, whose times belong to the run's clock). It brackets the capacity by
+doubling or halving from the trace's own rate, then bisects 8 times (to about
+0.4%). A rate that fails stops its simulation as soon as it must fail, so
+overloaded tries cost no more than the trace's span of simulated time. Bursts
+overstate capacity (they run in batches a steady stream never forms), which is
+why this is a search over rates and not one run at full speed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from testbed.metrics.summary import backlog, requests_frame
+from testbed.models import ModelSpec
+
+SUSTAINED = 0.95  # throughput over offered rate
+BISECTIONS = 8
+LOWEST_RATE = 1e-3  # req/s: below this the search gives up
+HIGHEST_RATE = 1e6
+SEARCH_VERSION = 1  # bump when the search or the simulator changes what it finds
+
+
+def search_config(cfg: DictConfig) -> DictConfig:
+    """``cfg`` as the search simulates it: FCFS, in simulation, quiet."""
+    out = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    mode = cfg.mode
+    out.policy = {"name": "fcfs", "victim": None}
+    out.mode = {
+        "name": "sim",
+        "fast_forward": True,
+        "max_sim_time_s": None,
+        "latency_scale": float(mode.get("latency_scale", 1.0)) if mode.name == "sim" else 1.0,
+        "speed_trace": None,
+    }
+    out.progress = False
+    return out
+
+
+def sustains(cfg: DictConfig, spec: ModelSpec, rate: float) -> bool:
+    """Whether the engine of ``cfg`` (a :func:`search_config`) keeps up with its
+    trace rescaled to ``rate`` req/s."""
+    from testbed.runner import load_requests, simulate
+
+    trace, requests = load_requests(cfg, spec, rate=rate)
+    arrivals = trace["arrival_s"]
+    # Kept up means every admitted request finished within span / SUSTAINED of
+    # the first arrival; past that (with the span of all arrivals, at least
+    # the admitted ones') it has failed, whatever the rest does.
+    first, span = float(arrivals.min()), float(arrivals.max() - arrivals.min())
+    cfg.mode.max_sim_time_s = first + span / SUSTAINED * (1 + 1e-9) if span > 0 else None
+    result, _ = simulate(cfg, requests, spec)
+    if result.partial:
+        return False
+    df = requests_frame(result.requests)
+    if (df["status"] == "rejected").all():
+        raise ValueError(
+            f"trace {cfg.trace.name!r}: the engine rejects every request (see the reasons in "
+            "requests.csv of a plain run), so it has no capacity to scale to"
+        )
+    done = df[df["status"].str.startswith("finished")]
+    offered = backlog(df)["offered_req_s"]
+    if done.empty or not offered > 0:
+        return False
+    duration = float(done["finish_s"].max() - df["arrival_s"].min())
+    return len(done) / duration >= SUSTAINED * offered
+
+
+def find_capacity(cfg: DictConfig, spec: ModelSpec, start_rate: float) -> float:
+    """The highest sustained rate (req/s) of ``cfg``'s trace, within about 0.4%."""
+    search = search_config(cfg)
+    rate = start_rate
+    if sustains(search, spec, rate):
+        lo, hi = rate, 2 * rate
+        while sustains(search, spec, hi):
+            if hi > HIGHEST_RATE:
+                raise ValueError(f"trace {cfg.trace.name!r}: sustained beyond {HIGHEST_RATE} req/s")
+            lo, hi = hi, 2 * hi
+    else:
+        lo, hi = rate / 2, rate
+        while not sustains(search, spec, lo):
+            if lo < LOWEST_RATE:
+                raise ValueError(
+                    f"trace {cfg.trace.name!r}: not sustained even at {LOWEST_RATE} req/s "
+                    "(does any request finish? see requests.csv of a plain run)"
+                )
+            lo, hi = lo / 2, lo
+    for _ in range(BISECTIONS):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if sustains(search, spec, mid) else (lo, mid)
+    return lo
+
+
+def cache_key(cfg: DictConfig, latency_source: str) -> str:
+    """What the capacity depends on: the search's config without the rate, and
+    the latency model (a profile's source names its checksum)."""
+    search = OmegaConf.to_container(search_config(cfg), resolve=True)
+    relevant = {k: search[k] for k in ("trace", "model", "hardware", "engine", "cluster", "mode")}
+    relevant["trace"] = {k: v for k, v in relevant["trace"].items() if k != "rate"}
+    relevant.update(seed=search["seed"], latency=latency_source, search=SEARCH_VERSION)
+    blob = json.dumps(relevant, sort_keys=True, default=str)
+    return hashlib.sha1(blob.encode()).hexdigest()[:16]
+
+
+def scaled_to_load(cfg: DictConfig, spec: ModelSpec, start_rate: float) -> dict[str, Any]:
+    """``metrics.json``'s record of ``load``: the capacity and the rate. With
+    ``capacity_cache`` set (a folder), a capacity found for the same config
+    (every policy of a sweep, every load) is read from there instead of searched
+    again; the record says which (``capacity_from``)."""
+    from testbed.runner import latency_model
+
+    found: dict[str, Any] = {}
+    path = None
+    if cfg.get("capacity_cache"):
+        key = cache_key(cfg, latency_model(cfg, spec).source)
+        path = Path(cfg.capacity_cache) / f"{cfg.trace.name}-{key}.json"
+        if path.exists():
+            found = json.loads(path.read_text())
+    if "capacity_req_s" in found:
+        capacity, origin = float(found["capacity_req_s"]), f"cached {path}"
+    else:
+        capacity, origin = find_capacity(cfg, spec, start_rate), "searched"
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")  # parallel sweeps write alike
+            tmp.write_text(json.dumps({"capacity_req_s": capacity, "trace": cfg.trace.name}))
+            os.replace(tmp, path)
+    return {
+        "load": float(cfg.load),
+        "capacity_req_s": capacity,
+        "capacity_from": origin,
+        "rate_req_s": float(cfg.load) * capacity,
+    }
+
+
+__all__ = ["SUSTAINED", "find_capacity", "scaled_to_load", "search_config", "sustains"]

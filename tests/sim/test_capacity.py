@@ -1,0 +1,75 @@
+"""`load=`: a trace replayed at a fraction of the engine's capacity, found in simulation."""
+
+from __future__ import annotations
+
+import pytest
+
+from testbed.capacity import SUSTAINED, find_capacity, search_config, sustains
+from testbed.runner import model_spec
+from tests.sim.helpers import QUIET, compose_cfg, run
+
+SHORT = ["trace.num_requests=60"]
+
+
+def kept_up(metrics: dict) -> bool:
+    """The definition, read off a whole run's metrics.json."""
+    return metrics["throughput_req_s"] >= SUSTAINED * metrics["offered_req_s"]
+
+
+def test_load_replays_at_that_fraction_of_a_capacity_whole_runs_confirm(tmp_path):
+    m = run(tmp_path, *SHORT, "load=0.6", "capacity_cache=null", name="load")
+    cap = m["capacity_req_s"]
+    assert m["load"] == 0.6 and m["rate_req_s"] == pytest.approx(0.6 * cap)
+    assert m["capacity_from"] == "searched"
+    # Whole simulations (no early stop) at the capacity and just above it.
+    at = run(tmp_path, *SHORT, f"trace.rate={cap}", name="at")
+    above = run(tmp_path, *SHORT, f"trace.rate={1.05 * cap}", name="above")
+    assert kept_up(at) and not kept_up(above)
+    # A synthetic trace's rate is its generator's: the arrivals realise it up to
+    # chance, the same for every rate (one seed), so loads are in proportion.
+    assert m["offered_req_s"] / at["offered_req_s"] == pytest.approx(0.6)
+
+
+def test_a_stopped_try_decides_as_the_whole_simulation_would(tmp_path):
+    cfg = compose_cfg(*QUIET, *SHORT)
+    spec = model_spec(cfg.model)
+    cap = find_capacity(cfg, spec, start_rate=1.0)
+    for factor in (0.5, 0.97, 1.0, 1.02, 1.2, 3.0):
+        rate = factor * cap
+        whole = run(tmp_path, *SHORT, f"trace.rate={rate}", name=f"r{factor}")
+        assert sustains(search_config(cfg), spec, rate) == kept_up(whole), factor
+
+
+def test_a_machine_twice_as_slow_has_half_the_capacity(tmp_path):
+    """Steps twice as long and arrivals twice as far apart are the same schedule."""
+    spec = model_spec(compose_cfg(*QUIET).model)
+    cap = find_capacity(compose_cfg(*QUIET, *SHORT), spec, start_rate=2.0)
+    slow = compose_cfg(*QUIET, *SHORT, "mode.latency_scale=2")
+    assert find_capacity(slow, spec, start_rate=2.0) == pytest.approx(cap / 2, rel=0.01)
+
+
+def test_every_policy_of_a_sweep_gets_one_capacity_searched_once(tmp_path):
+    cache = f"capacity_cache={tmp_path / 'cache'}"
+    first = run(tmp_path, *SHORT, "load=0.5", cache, "policy=fcfs", name="a")
+    again = run(tmp_path, *SHORT, "load=0.9", cache, "policy=sjf", name="b")
+    fresh = run(tmp_path, *SHORT, "load=0.9", "capacity_cache=null", "policy=sjf", name="c")
+    assert first["capacity_from"] == "searched" and again["capacity_from"].startswith("cached")
+    assert first["capacity_req_s"] == again["capacity_req_s"] == fresh["capacity_req_s"]
+    assert again["rate_req_s"] == pytest.approx(0.9 * first["capacity_req_s"])
+    # Another engine config is another capacity, not the cached one.
+    small = run(tmp_path, *SHORT, "load=0.5", cache, "engine.num_kv_blocks=40", name="d")
+    assert small["capacity_from"] == "searched"
+    assert small["capacity_req_s"] < first["capacity_req_s"]
+
+
+def test_the_search_runs_fcfs_in_simulation_whatever_the_run(tmp_path):
+    real = search_config(compose_cfg(*QUIET, "mode=real", "policy=sjf"))
+    assert real.mode.name == "sim" and real.mode.latency_scale == 1.0
+    assert real.policy.name == "fcfs" and real.progress is False
+    scaled = search_config(compose_cfg(*QUIET, "mode.latency_scale=1.5", "mode.speed_trace=x.csv"))
+    assert scaled.mode.latency_scale == 1.5 and scaled.mode.speed_trace is None
+
+
+def test_a_trace_the_engine_rejects_entirely_has_no_capacity(tmp_path):
+    with pytest.raises(ValueError, match="rejects every request"):
+        run(tmp_path, *SHORT, "load=0.7", "capacity_cache=null", "engine.max_model_len=4")
