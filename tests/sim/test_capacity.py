@@ -2,18 +2,34 @@
 
 from __future__ import annotations
 
+import numpy as np
+import pandas as pd
 import pytest
 
-from testbed.capacity import SUSTAINED, find_capacity, search_config, sustains
-from testbed.runner import model_spec
+from testbed.capacity import (
+    SUSTAINED,
+    WARM_UP,
+    bracket,
+    find_capacity,
+    search_config,
+    sustains,
+)
+from testbed.runner import load_requests, model_spec
 from tests.sim.helpers import QUIET, compose_cfg, run
+from traces.transforms import mean_rate
 
 SHORT = ["trace.num_requests=60"]
 
 
-def kept_up(metrics: dict) -> bool:
-    """The definition, read off a whole run's metrics.json."""
-    return metrics["throughput_req_s"] >= SUSTAINED * metrics["offered_req_s"]
+def kept_up(run_dir) -> bool:
+    """The definition, read off a whole run's requests.csv: from the arrival of
+    the first quarter's last request to the last arrival, at least 95% as many
+    requests finish as arrive, but for the last."""
+    reqs = pd.read_csv(run_dir / "requests.csv")
+    arrivals = np.sort(reqs["arrival_s"].to_numpy())
+    start, last = arrivals[int(WARM_UP * len(arrivals))], arrivals[-1]
+    arrived = reqs["arrival_s"].between(start, last).sum()
+    return reqs["finish_s"].between(start, last).sum() + 1 >= SUSTAINED * arrived
 
 
 def test_load_replays_at_that_fraction_of_a_capacity_whole_runs_confirm(tmp_path):
@@ -21,12 +37,17 @@ def test_load_replays_at_that_fraction_of_a_capacity_whole_runs_confirm(tmp_path
     cap = m["capacity_req_s"]
     assert m["load"] == 0.6 and m["rate_req_s"] == pytest.approx(0.6 * cap)
     assert m["capacity_from"] == "searched"
-    # Whole simulations (no early stop) at the capacity and just above it.
-    at = run(tmp_path, *SHORT, f"trace.rate={cap}", name="at")
-    above = run(tmp_path, *SHORT, f"trace.rate={1.05 * cap}", name="above")
-    assert kept_up(at) and not kept_up(above)
+    cfg = compose_cfg(*QUIET, *SHORT)
+    spec = model_spec(cfg.model)
+    lo, hi = bracket(cfg, spec, start_rate=mean_rate(load_requests(cfg, spec)[0]))
+    assert lo == cap and 1 < hi / lo < 1.005
+    # Whole simulations (to their last finish) at the two ends of the bracket.
+    run(tmp_path, *SHORT, f"trace.rate={lo}", name="lo")
+    run(tmp_path, *SHORT, f"trace.rate={hi}", name="hi")
+    assert kept_up(tmp_path / "lo") and not kept_up(tmp_path / "hi")
     # A synthetic trace's rate is its generator's: the arrivals realise it up to
     # chance, the same for every rate (one seed), so loads are in proportion.
+    at = run(tmp_path, *SHORT, f"trace.rate={cap}", name="at")
     assert m["offered_req_s"] / at["offered_req_s"] == pytest.approx(0.6)
 
 
@@ -36,8 +57,8 @@ def test_a_stopped_try_decides_as_the_whole_simulation_would(tmp_path):
     cap = find_capacity(cfg, spec, start_rate=1.0)
     for factor in (0.5, 0.97, 1.0, 1.02, 1.2, 3.0):
         rate = factor * cap
-        whole = run(tmp_path, *SHORT, f"trace.rate={rate}", name=f"r{factor}")
-        assert sustains(search_config(cfg), spec, rate) == kept_up(whole), factor
+        run(tmp_path, *SHORT, f"trace.rate={rate}", name=f"r{factor}")
+        assert sustains(search_config(cfg), spec, rate) == kept_up(tmp_path / f"r{factor}")
 
 
 def test_a_machine_twice_as_slow_has_half_the_capacity(tmp_path):
@@ -57,9 +78,9 @@ def test_every_policy_of_a_sweep_gets_one_capacity_searched_once(tmp_path):
     assert first["capacity_req_s"] == again["capacity_req_s"] == fresh["capacity_req_s"]
     assert again["rate_req_s"] == pytest.approx(0.9 * first["capacity_req_s"])
     # Another engine config is another capacity, not the cached one.
-    small = run(tmp_path, *SHORT, "load=0.5", cache, "engine.num_kv_blocks=40", name="d")
-    assert small["capacity_from"] == "searched"
-    assert small["capacity_req_s"] < first["capacity_req_s"]
+    slow = run(tmp_path, *SHORT, "load=0.5", cache, "mode.latency_scale=3", name="d")
+    assert slow["capacity_from"] == "searched"
+    assert slow["capacity_req_s"] < first["capacity_req_s"] / 2
 
 
 def test_the_search_runs_fcfs_in_simulation_whatever_the_run(tmp_path):
