@@ -130,10 +130,10 @@ from testbed.report.wandb_log import log_experiment  # noqa: E402
 from testbed.runner import (  # noqa: E402
     engine_args,
     latency_model,
-    load_requests,
     model_spec,
     real_model,
     run_from_config,
+    run_trace,
 )
 from testbed.signals import interrupt_on_sigterm  # noqa: E402
 from testbed.sim.speed import SpeedTrace  # noqa: E402
@@ -264,9 +264,7 @@ def capacity(common: list[str]) -> float:
     """The highest arrival rate the engine sustains on this trace, in simulation
     (``testbed.capacity``, what ``python run.py load=...`` scales a trace by)."""
     cfg = compose_cfg([*common, "mode=sim"])
-    spec = model_spec(cfg.model)
-    trace, _ = load_requests(cfg, spec)
-    return find_capacity(cfg, spec, start_rate=mean_rate(trace))
+    return find_capacity(cfg, model_spec(cfg.model), start_rate=mean_rate(run_trace(cfg)))
 
 
 def compare(sim_dir: Path, real_dir: Path) -> dict:

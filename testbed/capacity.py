@@ -33,10 +33,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from testbed.metrics.summary import requests_frame
 from testbed.models import ModelSpec
+from traces.transforms import mean_rate
 
 SUSTAINED = 0.95  # requests finished over requests arrived, in the window
 WARM_UP = 0.25  # the window starts at this fraction of the arrivals
@@ -44,6 +46,8 @@ BISECTIONS = 8
 LOWEST_RATE = 1e-3  # req/s: below this the search gives up
 HIGHEST_RATE = 1e6
 SEARCH_VERSION = 3  # bump when the search or the simulator changes what it finds
+FINISHED = ("finished_stopped", "finished_length")  # not aborted
+TRACE_COLUMNS = ["arrival_s", "prompt_tokens", "output_tokens", "prefix_hash_ids"]
 
 
 def search_config(cfg: DictConfig) -> DictConfig:
@@ -63,27 +67,35 @@ def search_config(cfg: DictConfig) -> DictConfig:
 
 
 def sustains(cfg: DictConfig, spec: ModelSpec, rate: float) -> bool:
-    """Whether the engine of ``cfg`` (a :func:`search_config`) keeps up with its
-    trace rescaled to ``rate`` req/s (see the module docstring)."""
+    """Whether the engine of ``cfg`` keeps up with its trace rescaled to ``rate``
+    req/s (see the module docstring), in the search's simulation of it."""
     from testbed.runner import load_requests, simulate
 
+    cfg = search_config(cfg)
     trace, requests = load_requests(cfg, spec, rate=rate)
     arrivals = np.sort(trace["arrival_s"].to_numpy(float))
     start, last = float(arrivals[int(WARM_UP * len(arrivals))]), float(arrivals[-1])
     # Past the last arrival (which is then admitted or rejected); later finishes do not count.
     cfg.mode.max_sim_time_s = last + 1e-6
     result, _ = simulate(cfg, requests, spec)
+    if result.stop_reason == "interrupted":
+        raise KeyboardInterrupt  # the simulator stopped for it; so does the search
+    if result.error is not None:
+        raise result.error
     df = requests_frame(result.requests)
-    if (df["status"] == "rejected").all():
+    admitted = df[df["status"] != "rejected"]
+    if admitted.empty:
         raise ValueError(
             f"trace {cfg.trace.name!r}: the engine rejects every request (see the reasons in "
             "requests.csv of a plain run), so it has no capacity to scale to"
         )
-    admitted = df[df["status"] != "rejected"]
     arrived = admitted["arrival_s"].between(start, last).sum()
-    finished = admitted["status"].str.startswith("finished") & admitted["finish_s"].between(
-        start, last
-    )
+    if not arrived:
+        raise ValueError(
+            f"trace {cfg.trace.name!r}: no admitted request arrives after its first quarter, "
+            "so no rate can be judged sustained"
+        )
+    finished = admitted["status"].isin(FINISHED) & admitted["finish_s"].between(start, last)
     # + 1: the last arrival itself cannot have finished by then.
     return bool(finished.sum() + 1 >= SUSTAINED * arrived)
 
@@ -93,17 +105,16 @@ def bracket(cfg: DictConfig, spec: ModelSpec, start_rate: float) -> tuple[float,
     at ``hi``. On a short trace whether a rate is sustained is a matter of where
     its arrivals happen to bunch, so a rate between them, or above ``hi``, may
     go either way: the capacity of a few hundred requests is approximate."""
-    search = search_config(cfg)
     rate = start_rate
-    if sustains(search, spec, rate):
+    if sustains(cfg, spec, rate):
         lo, hi = rate, 2 * rate
-        while sustains(search, spec, hi):
+        while sustains(cfg, spec, hi):
             if hi > HIGHEST_RATE:
                 raise ValueError(f"trace {cfg.trace.name!r}: sustained beyond {HIGHEST_RATE} req/s")
             lo, hi = hi, 2 * hi
     else:
         lo, hi = rate / 2, rate
-        while not sustains(search, spec, lo):
+        while not sustains(cfg, spec, lo):
             if lo < LOWEST_RATE:
                 raise ValueError(
                     f"trace {cfg.trace.name!r}: not sustained even at {LOWEST_RATE} req/s "
@@ -112,7 +123,7 @@ def bracket(cfg: DictConfig, spec: ModelSpec, start_rate: float) -> tuple[float,
             lo, hi = lo / 2, lo
     for _ in range(BISECTIONS):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if sustains(search, spec, mid) else (lo, mid)
+        lo, hi = (mid, hi) if sustains(cfg, spec, mid) else (lo, mid)
     return lo, hi
 
 
@@ -121,28 +132,40 @@ def find_capacity(cfg: DictConfig, spec: ModelSpec, start_rate: float) -> float:
     return bracket(cfg, spec, start_rate)[0]
 
 
-def cache_key(cfg: DictConfig, latency_source: str) -> str:
-    """What the capacity depends on: the search's config without the rate, and
-    the latency model (a profile's source names its checksum)."""
+def cache_key(cfg: DictConfig, trace: pd.DataFrame, latency_source: str) -> str:
+    """What the capacity depends on: the search's config, the trace as loaded
+    (its data, wherever it was read from, and every option applied to it), and
+    the latency model (a profile's source names its checksum). Not the code:
+    ``SEARCH_VERSION`` stands for it."""
     search = OmegaConf.to_container(search_config(cfg), resolve=True)
     relevant = {k: search[k] for k in ("trace", "model", "hardware", "engine", "cluster", "mode")}
-    relevant["trace"] = {k: v for k, v in relevant["trace"].items() if k != "rate"}
     relevant.update(seed=search["seed"], latency=latency_source, search=SEARCH_VERSION)
-    blob = json.dumps(relevant, sort_keys=True, default=str)
-    return hashlib.sha1(blob.encode()).hexdigest()[:16]
+    digest = hashlib.sha1(json.dumps(relevant, sort_keys=True, default=str).encode())
+    digest.update(trace[TRACE_COLUMNS].astype(str).to_csv(index=False).encode())
+    return digest.hexdigest()[:16]
 
 
-def scaled_to_load(cfg: DictConfig, spec: ModelSpec, start_rate: float) -> dict[str, Any]:
+def scaled_to_load(cfg: DictConfig, spec: ModelSpec) -> dict[str, Any]:
     """``metrics.json``'s record of ``load``: the capacity and the rate. With
-    ``capacity_cache`` set (a folder), a capacity found for the same config
-    (every policy of a sweep, every load) is read from there instead of searched
-    again; the record says which (``capacity_from``)."""
-    from testbed.runner import latency_model
+    ``capacity_cache`` set (a folder), a capacity found for the same config and
+    trace (every policy of a sweep, every load) is read from there instead of
+    searched again; the record says which (``capacity_from``)."""
+    from testbed.runner import latency_model, run_trace
 
+    load = float(cfg.load)
+    if not load > 0:
+        raise ValueError(f"load={cfg.load}: a fraction of the capacity, above 0")
+    if cfg.trace.get("time_scale") is not None:
+        raise ValueError("load sets the trace's rate; trace.time_scale would rescale it after")
+    trace = run_trace(cfg)  # as configured: the search starts from its rate
+    try:
+        start_rate = mean_rate(trace)
+    except ValueError as e:
+        raise ValueError(f"load={cfg.load}: {e}") from e
     found: dict[str, Any] = {}
     path = None
     if cfg.get("capacity_cache"):
-        key = cache_key(cfg, latency_model(cfg, spec).source)
+        key = cache_key(cfg, trace, latency_model(cfg, spec).source)
         path = Path(cfg.capacity_cache) / f"{cfg.trace.name}-{key}.json"
         if path.exists():
             found = json.loads(path.read_text())
@@ -152,14 +175,14 @@ def scaled_to_load(cfg: DictConfig, spec: ModelSpec, start_rate: float) -> dict[
         capacity, origin = find_capacity(cfg, spec, start_rate), "searched"
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")  # parallel sweeps write alike
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")  # parallel runs write alike
             tmp.write_text(json.dumps({"capacity_req_s": capacity, "trace": cfg.trace.name}))
             os.replace(tmp, path)
     return {
-        "load": float(cfg.load),
+        "load": load,
         "capacity_req_s": capacity,
         "capacity_from": origin,
-        "rate_req_s": float(cfg.load) * capacity,
+        "rate_req_s": load * capacity,
     }
 
 

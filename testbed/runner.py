@@ -27,7 +27,6 @@ from testbed.sim import HardwareSpec, SimExecutor, Simulation, make_latency_mode
 from testbed.sim.speed import SpeedTrace
 from testbed.workload import to_requests
 from traces import load_trace
-from traces.transforms import mean_rate
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -82,15 +81,20 @@ def trace_options(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in cfg.items() if k != "name" and v is not None}
 
 
-def load_requests(
-    cfg: DictConfig, spec: ModelSpec, rate: float | None = None
-) -> tuple[pd.DataFrame, list]:
-    """The run's trace (rescaled to ``rate`` req/s where given) and its requests,
-    with token ids for the real engine."""
+def run_trace(cfg: DictConfig, rate: float | None = None) -> pd.DataFrame:
+    """The run's trace, rescaled to ``rate`` req/s where given."""
     options = trace_options(OmegaConf.to_container(cfg.trace, resolve=True))
     if rate is not None:
         options["rate"] = rate
-    trace = load_trace(cfg.trace.name, **options)
+    return load_trace(cfg.trace.name, **options)
+
+
+def load_requests(
+    cfg: DictConfig, spec: ModelSpec, rate: float | None = None
+) -> tuple[pd.DataFrame, list]:
+    """The run's trace (:func:`run_trace`) and its requests, with token ids for
+    the real engine."""
+    trace = run_trace(cfg, rate)
     requests = to_requests(
         trace, with_tokens=cfg.mode.name == "real", vocab_size=spec.vocab_size, seed=cfg.seed
     )
@@ -356,16 +360,14 @@ def run_from_config(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[
     run_dir.mkdir(parents=True, exist_ok=True)
     mode = cfg.mode.name
     spec = model_spec(cfg.model)
-    trace, requests = load_requests(cfg, spec)
-    load = {}
-    if cfg.get("load") is not None:
-        load = scaled_to_load(cfg, spec, mean_rate(trace))
+    load = scaled_to_load(cfg, spec) if cfg.get("load") is not None else {}
+    if load:
         print(
             f"capacity {load['capacity_req_s']:.4g} req/s in simulation (fcfs, "
             f"{load['capacity_from']}); replaying at {load['rate_req_s']:.4g} req/s "
             f"(load {cfg.load:g})"
         )
-        trace, requests = load_requests(cfg, spec, rate=load["rate_req_s"])
+    trace, requests = load_requests(cfg, spec, rate=load.get("rate_req_s"))
     if mode == "sim":
         result, extra = simulate(cfg, requests, spec)
     elif mode == "real":
@@ -405,7 +407,7 @@ def run_from_config(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[
         wandb_settings(cfg),
         run_dir,
         f"{mode}-{cfg.policy.name}-{cfg.trace.name}",
-        OmegaConf.to_container(cfg, resolve=True),
+        logged_config(cfg, load),
         metrics,
         req_df,
         result.steps,
@@ -415,6 +417,14 @@ def run_from_config(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[
     if result.error is not None:
         raise RuntimeError(f"the run failed; what it measured is in {run_dir}") from result.error
     return metrics
+
+
+def logged_config(cfg: DictConfig, load: Mapping[str, Any]) -> dict[str, Any]:
+    """The resolved config as W&B records it: with ``load``, the rate it set."""
+    config = OmegaConf.to_container(cfg, resolve=True)
+    if load:
+        config["trace"]["rate"] = load["rate_req_s"]
+    return config
 
 
 def wandb_settings(cfg: DictConfig) -> dict[str, Any]:

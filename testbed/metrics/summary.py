@@ -16,7 +16,8 @@ Definitions (times in seconds, rates per second):
   ``goodput_req_s`` counts those per second.
 * offered_req_s: the requests not rejected, over the span of their arrivals.
   waiting_at_last_arrival: how many of them had not been scheduled yet when the
-  last one arrived. ``overloaded`` when that is over 10% of them (on the bundled
+  last one arrived (in a run stopped part-way, of those that arrived by its
+  last step). ``overloaded`` when that is over 10% of them (on the bundled
   traces: 0-1% where the engine keeps up, 67-99% where it cannot): the engine
   fell behind the trace, and latencies then measure the backlog, which grows
   with the trace's length, rather than the policy's effect on a steady queue.
@@ -127,9 +128,10 @@ def _stats(name: str, values: np.ndarray) -> dict[str, float]:
 OVERLOAD_WAITING_FRACTION = 0.1
 
 
-def backlog(df: pd.DataFrame) -> dict[str, float | int | bool]:
-    """Whether the engine kept up with the trace (see the module docstring)."""
-    admitted = df[df["status"] != "rejected"]
+def backlog(df: pd.DataFrame, end: float = math.inf) -> dict[str, float | int | bool]:
+    """Whether the engine kept up with the trace (see the module docstring), over
+    the requests that arrived by ``end`` (where a run stopped part-way)."""
+    admitted = df[(df["status"] != "rejected") & (df["arrival_s"] <= end)]
     if admitted.empty:
         return {"offered_req_s": math.nan, "waiting_at_last_arrival": 0, "overloaded": False}
     arrivals = admitted["arrival_s"]
@@ -183,7 +185,8 @@ def summarize(
     for name in LATENCIES:
         col = inter_token_latencies(requests) if name == "itl_s" else done[name].to_numpy(float)
         m.update(_stats(name, col))
-    m.update(backlog(df))
+    ends = steps.column("start_s") + steps.column("latency_s")
+    m.update(backlog(df, float(ends.max()) if ends.size else -math.inf))
     m["num_preemptions"] = int(df["preemptions"].sum())
     m["goodput_req_s"] = per_s(int(met.sum()))
     m["slo_attainment"] = float(met.sum() / len(df)) if len(df) else math.nan

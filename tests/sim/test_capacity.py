@@ -10,11 +10,13 @@ from testbed.capacity import (
     SUSTAINED,
     WARM_UP,
     bracket,
+    cache_key,
     find_capacity,
+    scaled_to_load,
     search_config,
     sustains,
 )
-from testbed.runner import load_requests, model_spec
+from testbed.runner import model_spec, run_trace
 from tests.sim.helpers import QUIET, compose_cfg, run
 from traces.transforms import mean_rate
 
@@ -24,12 +26,14 @@ SHORT = ["trace.num_requests=60"]
 def kept_up(run_dir) -> bool:
     """The definition, read off a whole run's requests.csv: from the arrival of
     the first quarter's last request to the last arrival, at least 95% as many
-    requests finish as arrive, but for the last."""
+    admitted requests finish as arrive, but for the last."""
     reqs = pd.read_csv(run_dir / "requests.csv")
     arrivals = np.sort(reqs["arrival_s"].to_numpy())
     start, last = arrivals[int(WARM_UP * len(arrivals))], arrivals[-1]
-    arrived = reqs["arrival_s"].between(start, last).sum()
-    return reqs["finish_s"].between(start, last).sum() + 1 >= SUSTAINED * arrived
+    admitted = reqs[reqs["status"] != "rejected"]
+    arrived = admitted["arrival_s"].between(start, last).sum()
+    done = admitted["status"].str.startswith("finished") & admitted["finish_s"].between(start, last)
+    return done.sum() + 1 >= SUSTAINED * arrived
 
 
 def test_load_replays_at_that_fraction_of_a_capacity_whole_runs_confirm(tmp_path):
@@ -39,7 +43,7 @@ def test_load_replays_at_that_fraction_of_a_capacity_whole_runs_confirm(tmp_path
     assert m["capacity_from"] == "searched"
     cfg = compose_cfg(*QUIET, *SHORT)
     spec = model_spec(cfg.model)
-    lo, hi = bracket(cfg, spec, start_rate=mean_rate(load_requests(cfg, spec)[0]))
+    lo, hi = bracket(cfg, spec, start_rate=mean_rate(run_trace(cfg)))
     assert lo == cap and 1 < hi / lo < 1.005
     # Whole simulations (to their last finish) at the two ends of the bracket.
     run(tmp_path, *SHORT, f"trace.rate={lo}", name="lo")
@@ -94,3 +98,54 @@ def test_the_search_runs_fcfs_in_simulation_whatever_the_run(tmp_path):
 def test_a_trace_the_engine_rejects_entirely_has_no_capacity(tmp_path):
     with pytest.raises(ValueError, match="rejects every request"):
         run(tmp_path, *SHORT, "load=0.7", "capacity_cache=null", "engine.max_model_len=4")
+
+
+def test_the_cache_key_follows_what_the_capacity_depends_on():
+    def key(*overrides: str) -> str:
+        cfg = compose_cfg(*QUIET, *SHORT, *overrides)
+        return cache_key(cfg, run_trace(cfg), "profile x")
+
+    base = key()
+    assert key("policy=sjf") == key("load=0.9") == key("logging=offline") == base
+    for other in (
+        "trace.num_requests=61",
+        "trace.max_model_len=300",
+        "seed=1",
+        "engine.max_num_seqs=8",
+        "cluster=replicas4",
+        "hardware=cpu1",
+        "mode.latency_scale=2",
+    ):
+        assert key(other) != base, other
+    cfg = compose_cfg(*QUIET, *SHORT)
+    assert cache_key(cfg, run_trace(cfg), "profile y") != base
+
+
+class Failing:
+    """A latency model that fails (or is interrupted) on its first prediction."""
+
+    kind, source = "profile", "failing"
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+    def __getattr__(self, name):
+        raise self.exc
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt(), RuntimeError("boom")])
+def test_a_search_interrupted_or_failing_stops_and_caches_nothing(tmp_path, monkeypatch, exc):
+    monkeypatch.setattr("testbed.runner.latency_model", lambda cfg, spec=None: Failing(exc))
+    cfg = compose_cfg(*QUIET, *SHORT, "load=0.7", f"capacity_cache={tmp_path}")
+    with pytest.raises(type(exc)):
+        scaled_to_load(cfg, model_spec(cfg.model))
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_load_that_cannot_be_is_refused_before_searching(tmp_path):
+    cfg = compose_cfg(*QUIET, *SHORT, "load=0", "capacity_cache=null")
+    with pytest.raises(ValueError, match="above 0"):
+        scaled_to_load(cfg, model_spec(cfg.model))
+    cfg = compose_cfg(*QUIET, *SHORT, "load=0.5", "+trace.time_scale=2", "capacity_cache=null")
+    with pytest.raises(ValueError, match="time_scale"):
+        scaled_to_load(cfg, model_spec(cfg.model))

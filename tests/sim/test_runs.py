@@ -111,6 +111,8 @@ def test_a_run_that_falls_behind_its_trace_says_so(tmp_path, capsys):
 def test_partial_run_still_writes_what_it_measured(tmp_path):
     m = run(tmp_path, "mode.max_sim_time_s=20")
     assert m["partial"] is True and "max_sim_time_s" in m["stop_reason"]
+    # The requests that had yet to arrive are no backlog.
+    assert not m["overloaded"] and m["waiting_at_last_arrival"] <= 2
     assert 0 < m["num_finished"] < m["num_requests"]
     reqs = pd.read_csv(tmp_path / "run" / "requests.csv")
     assert m["num_unfinished"] == reqs["status"].isin(["waiting", "running", "preempted"]).sum() > 0
