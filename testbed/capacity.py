@@ -45,6 +45,9 @@ WARM_UP = 0.25  # the window starts at this fraction of the arrivals
 BISECTIONS = 8
 LOWEST_RATE = 1e-3  # req/s: below this the search gives up
 HIGHEST_RATE = 1e6
+# Fewer arrivals in the window than about 15 leave no room for one in flight
+# beside the last (the tolerance is 5% of them plus the last itself).
+MIN_REQUESTS = 20
 SEARCH_VERSION = 3  # bump when the search or the simulator changes what it finds
 FINISHED = ("finished_stopped", "finished_length")  # not aborted
 TRACE_COLUMNS = ["arrival_s", "prompt_tokens", "output_tokens", "prefix_hash_ids"]
@@ -158,6 +161,11 @@ def scaled_to_load(cfg: DictConfig, spec: ModelSpec) -> dict[str, Any]:
     if cfg.trace.get("time_scale") is not None:
         raise ValueError("load sets the trace's rate; trace.time_scale would rescale it after")
     trace = run_trace(cfg)  # as configured: the search starts from its rate
+    if len(trace) < MIN_REQUESTS:
+        raise ValueError(
+            f"load={cfg.load}: trace {cfg.trace.name!r} has {len(trace)} requests; judging a "
+            f"rate sustained takes at least {MIN_REQUESTS} (on 8 the search finds 0.02 req/s)"
+        )
     try:
         start_rate = mean_rate(trace)
     except ValueError as e:

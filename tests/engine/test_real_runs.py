@@ -24,6 +24,20 @@ ROOT = Path(__file__).resolve().parents[2]
 SHORT = ["trace.num_requests=8", "trace.rate=20", "logging=disabled", "progress=false"]
 
 
+def test_a_real_run_at_a_load_replays_what_the_simulator_would(tmp_path):
+    """load= in real mode: the simulator's capacity for the run's hardware sets the
+    rate, and the engine replays the very arrivals a simulation at that load does."""
+    load = ["trace.num_requests=20", "load=0.9", "capacity_cache=null", "logging=disabled"]
+    load.append("progress=false")
+    real = run_from_config(compose_cfg("mode=real", *load), tmp_path / "real")
+    sim = run_from_config(compose_cfg("mode=sim", *load), tmp_path / "sim")
+    assert real["capacity_req_s"] == sim["capacity_req_s"] > 0
+    assert real["rate_req_s"] == sim["rate_req_s"] == 0.9 * sim["capacity_req_s"]
+    arrivals = [pd.read_csv(tmp_path / m / "requests.csv")["arrival_s"] for m in ("real", "sim")]
+    assert arrivals[0].tolist() == pytest.approx(arrivals[1].tolist())
+    assert real["num_finished"] == 20
+
+
 def test_real_run_writes_the_simulators_run_directory(tmp_path):
     real = run_from_config(compose_cfg("mode=real", *SHORT), tmp_path / "real")
     sim = run_from_config(compose_cfg("mode=sim", *SHORT), tmp_path / "sim")

@@ -149,3 +149,6 @@ def test_a_load_that_cannot_be_is_refused_before_searching(tmp_path):
     cfg = compose_cfg(*QUIET, *SHORT, "load=0.5", "+trace.time_scale=2", "capacity_cache=null")
     with pytest.raises(ValueError, match="time_scale"):
         scaled_to_load(cfg, model_spec(cfg.model))
+    cfg = compose_cfg(*QUIET, "trace.num_requests=8", "load=0.5", "capacity_cache=null")
+    with pytest.raises(ValueError, match="has 8 requests"):
+        scaled_to_load(cfg, model_spec(cfg.model))
