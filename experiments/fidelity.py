@@ -136,6 +136,7 @@ from testbed.runner import (  # noqa: E402
     run_trace,
 )
 from testbed.signals import interrupt_on_sigterm  # noqa: E402
+from testbed.sim.latency import predict_logged_steps  # noqa: E402
 from testbed.sim.speed import SpeedTrace  # noqa: E402
 from traces.transforms import mean_rate  # noqa: E402
 
@@ -312,17 +313,6 @@ def latency_summary(row: dict, prefix: str = "") -> str:
     )
 
 
-def predicted_steps(steps: pd.DataFrame, model) -> np.ndarray:
-    """The latency model's prediction of each row of a run's ``steps.csv``."""
-    return model.predict_many(
-        steps["num_reqs"].to_numpy(float),
-        (steps["num_prefill_tokens"] + steps["num_decode_tokens"]).to_numpy(float),
-        steps["attn_pairs"].to_numpy(float),
-        steps["kv_tokens"].to_numpy(float),
-        steps["max_kv"].to_numpy(float),
-    )
-
-
 # steps.csv columns that busy_steps reads (the latency model's features among them)
 STEP_COLUMNS = ("start_s", "latency_s", "num_reqs", "num_prefill_tokens", "num_decode_tokens",
                 "attn_pairs", "kv_tokens", "max_kv")  # fmt: skip
@@ -342,7 +332,7 @@ def busy_steps(run_dir: Path, model) -> pd.DataFrame:
     busy = steps["num_reqs"] > 0
     ends = (steps["start_s"] + steps["latency_s"]).where(busy).ffill().shift(1)
     steps = steps.assign(gap_s=(steps["start_s"] - ends).fillna(0.0).clip(lower=0.0))[busy]
-    return steps.assign(pred_s=predicted_steps(steps, model))
+    return steps.assign(pred_s=predict_logged_steps(model, steps))
 
 
 def error_ratio(err: float, base: float) -> float:

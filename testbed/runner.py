@@ -24,6 +24,7 @@ from testbed.metrics.summary import requests_frame, summarize
 from testbed.models import ModelSpec, num_kv_blocks
 from testbed.report.rundir import write_idle_probe, write_metrics, write_plots, write_tables
 from testbed.sim import HardwareSpec, SimExecutor, Simulation, make_latency_model
+from testbed.sim.latency import speed_against
 from testbed.sim.speed import SpeedTrace
 from testbed.workload import to_requests
 from traces import load_trace
@@ -301,6 +302,17 @@ def run_real(cfg: DictConfig, requests) -> tuple[Any, dict[str, Any]]:
     return result, extra
 
 
+def speed_vs_profile(cfg: DictConfig, spec: ModelSpec, steps) -> dict[str, Any]:
+    """A real run's speed against the profile of its hardware and model
+    (:func:`~testbed.sim.latency.speed_against`), and which profile; nothing
+    where there is no profile or no busy step."""
+    model = latency_model(cfg, spec)
+    if model.kind != "profile":
+        return {}
+    speed = speed_against(model, steps)
+    return {**speed, "speed_profile": model.source} if speed else {}
+
+
 def idle_probe_metrics(samples: list[tuple[float, float]] | None) -> dict[str, Any]:
     """metrics.json's summary of the idle probe's samples (none without the probe)."""
     if samples is None:
@@ -372,6 +384,7 @@ def run_from_config(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[
         result, extra = simulate(cfg, requests, spec)
     elif mode == "real":
         result, extra = run_real(cfg, requests)
+        extra.update(speed_vs_profile(cfg, spec, result.steps))
     else:
         raise ValueError(f"unknown mode {mode!r}: sim or real")
     req_df = requests_frame(result.requests)
@@ -445,6 +458,10 @@ def wandb_settings(cfg: DictConfig) -> dict[str, Any]:
     return wb
 
 
+# |speed_vs_profile - 1| above which a real run's summary says the machine moved
+SPEED_NOTE = 0.10
+
+
 def print_summary(m: Mapping[str, Any], run_dir: Path) -> None:
     rows = [
         ("requests (finished / rejected)", f"{m['num_finished']} / {m['num_rejected']}"),
@@ -468,6 +485,11 @@ def print_summary(m: Mapping[str, Any], run_dir: Path) -> None:
     slower += [m["speed_trace"]] if m.get("speed_trace") else []
     if slower:
         rows.insert(-1, ("step latencies", ", ".join(slower)))
+    speed = m.get("speed_vs_profile")
+    if speed is not None:
+        low, high = m["speed_vs_profile_min"], m["speed_vs_profile_max"]
+        spread = f" ({low:.3f}-{high:.3f} minute by minute)" if high > low else ""
+        rows.insert(-1, ("speed vs profile", f"{speed:.3f}x its step time{spread}"))
     head = f"{m['mode']} | {m['policy']} | {m['trace']} | {m['model']} on {m['hardware']}"
     if m.get("partial"):
         head += f" | PARTIAL ({m.get('stop_reason')})"
@@ -482,5 +504,15 @@ def print_summary(m: Mapping[str, Any], run_dir: Path) -> None:
             f"one arrived (offered {m['offered_req_s']:.3g} req/s, served "
             f"{m['throughput_req_s']:.3g}): latencies measure the backlog. Lower the load "
             "(load=0.7: 70% of this engine's capacity; or trace.rate) or add replicas."
+        )
+    if speed is not None and abs(speed - 1) > SPEED_NOTE:
+        print(
+            f"  NOTE: this run's steps took {speed:.2f}x the time its hardware's profile "
+            f"predicts ({m['speed_profile']}): the machine ran "
+            f"{'slower' if speed > 1 else 'faster'} than when it was profiled (a shared "
+            "machine's speed moves) or the profile does not fit this engine config. A "
+            f"simulation at mode.latency_scale={speed:.3g} runs at this speed; real runs "
+            "compared with each other differ by their machines' speeds as well (see "
+            "speed_vs_profile in each metrics.json)."
         )
     print(f"  run directory: {run_dir}")

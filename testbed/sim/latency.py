@@ -362,3 +362,49 @@ def make_latency_model(
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"unknown dtype {dtype!r}; known: {sorted(DTYPE_BYTES)}")
     return RooflineModel(model, hw, dtype)
+
+
+def step_column(steps, name: str) -> np.ndarray:
+    """One column of a :class:`~testbed.metrics.steplog.StepLog` or of a
+    ``steps.csv`` frame (the same columns), as floats."""
+    values = steps.column(name) if hasattr(steps, "column") else steps[name]
+    return np.asarray(values, dtype=np.float64)
+
+
+def predict_logged_steps(model: LatencyModel, steps) -> np.ndarray:
+    """The model's prediction of each logged step from its composition (``steps``:
+    see :func:`step_column`)."""
+    return model.predict_many(
+        step_column(steps, "num_reqs"),
+        step_column(steps, "num_prefill_tokens") + step_column(steps, "num_decode_tokens"),
+        step_column(steps, "attn_pairs"),
+        step_column(steps, "kv_tokens"),
+        step_column(steps, "max_kv"),
+    )
+
+
+SPEED_WINDOW_S = 60.0  # run time over which :func:`speed_against` reports the speed's range
+SPEED_WINDOW_STEPS = 20  # the fewest busy steps a window needs to be counted
+
+
+def speed_against(model: LatencyModel, steps, window_s: float = SPEED_WINDOW_S) -> dict[str, float]:
+    """How fast a real run's machine ran against ``model`` (a profile of it): the
+    run's busy time over the model's prediction of the same steps (``steps``: see
+    :func:`step_column`). 1.2: its steps took 20% longer than the profile says (a
+    machine slower now than when profiled, or a model that under-predicts these
+    steps); 1.0: as profiled. ``_min`` and ``_max``: the lowest and highest over
+    windows of ``window_s`` of run time holding at least
+    :data:`SPEED_WINDOW_STEPS` busy steps (the whole run's where fewer than two
+    windows do). Empty for a run without a busy step."""
+    busy = step_column(steps, "num_reqs") > 0
+    if not busy.any():
+        return {}
+    real = step_column(steps, "latency_s")[busy]
+    pred = predict_logged_steps(model, steps)[busy]
+    start = step_column(steps, "start_s")[busy]
+    speed = float(real.sum() / pred.sum())
+    window = np.floor((start - start[0]) / window_s).astype(np.int64)
+    kept = np.bincount(window) >= SPEED_WINDOW_STEPS
+    ratios = np.bincount(window, real)[kept] / np.bincount(window, pred)[kept]
+    low, high = (float(ratios.min()), float(ratios.max())) if kept.sum() >= 2 else (speed, speed)
+    return {"speed_vs_profile": speed, "speed_vs_profile_min": low, "speed_vs_profile_max": high}

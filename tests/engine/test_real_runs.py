@@ -43,7 +43,8 @@ def test_real_run_writes_the_simulators_run_directory(tmp_path):
     sim = run_from_config(compose_cfg("mode=sim", *SHORT), tmp_path / "sim")
     assert real["num_finished"] == 8 and real["latency_model"] == "measured"
     assert real["machine"] == machine_name(torch.device("cpu"))  # what the run ran on
-    assert set(real) - {"tokens_computed", "machine"} == set(sim) - {
+    speed = {"speed_vs_profile", "speed_vs_profile_min", "speed_vs_profile_max", "speed_profile"}
+    assert set(real) - {"tokens_computed", "machine", *speed} == set(sim) - {
         "sim_wall_s",
         "sim_requests_per_wall_s",
         "num_jumps",
@@ -66,6 +67,28 @@ def test_real_run_writes_the_simulators_run_directory(tmp_path):
         .all()
     )
     assert json.loads((tmp_path / "real" / "metrics.json").read_text())["mode"] == "real"
+
+
+def test_a_real_run_says_how_fast_its_machine_ran_against_the_profile(tmp_path):
+    """speed_vs_profile: the run's busy time over its hardware's profile's
+    prediction of the steps it logged; no such keys without a profile."""
+    from testbed.runner import latency_model
+    from testbed.sim.latency import predict_logged_steps
+
+    cfg = compose_cfg("mode=real", *SHORT)
+    model = latency_model(cfg)
+    if model.kind != "profile":
+        pytest.skip(f"no profile of {cfg.model.name} on {cfg.hardware.name} in {cfg.profiles_dir}")
+    real = run_from_config(cfg, tmp_path / "real")
+    steps = pd.read_csv(tmp_path / "real" / "steps.csv")
+    busy = steps[steps["num_reqs"] > 0]
+    measured = busy["latency_s"].sum() / predict_logged_steps(model, busy).sum()
+    assert real["speed_vs_profile"] == pytest.approx(measured, rel=1e-6)
+    low, high = real["speed_vs_profile_min"], real["speed_vs_profile_max"]
+    assert 0 < low <= real["speed_vs_profile"] <= high
+    assert real["speed_profile"] == model.source
+    bare = compose_cfg("mode=real", *SHORT, f"profiles_dir={tmp_path / 'none'}")
+    assert "speed_vs_profile" not in run_from_config(bare, tmp_path / "bare")
 
 
 def test_real_run_stopped_early_is_partial(tmp_path):

@@ -265,3 +265,43 @@ def test_the_sparse_replays_steps_are_fitted_and_levelled_as_replay_steps(tmp_pa
     assert "replay_sparse" in pd.read_csv(sparse)["grid"].tolist()
     assert b.level == pytest.approx(a.level, rel=1e-12) and a.level != 1.0
     assert np.allclose(b.coef, a.coef, rtol=1e-12, atol=0)
+
+
+def test_a_real_runs_speed_against_its_profile_is_its_busy_time_over_the_prediction(tmp_path):
+    """speed_against: the run's busy steps' time over the model's prediction of
+    them, overall and per minute; idle steps do not count; a StepLog and its
+    steps.csv frame give the same answer."""
+    from testbed.metrics.steplog import StepLog
+    from testbed.sim.latency import predict_logged_steps, speed_against
+
+    rows = [(r, r * t, r * t * 300.0, r * 300, 1e-3 + 1e-4 * r + 1e-6 * r * t)
+            for r in (1, 2, 4, 8, 16) for t in (1, 16, 64)]  # fmt: skip
+    write_profile(tmp_path / "p.csv", rows)
+    model = ProfileModel(tmp_path / "p.csv")
+    rng = np.random.default_rng(1)
+    log = StepLog()
+    now = 0.0
+    for _ in range(600):
+        reqs = int(rng.integers(1, 9))
+        prefill = int(rng.choice([0, 0, 0, 64]))
+        step = StepLog()  # one row, to ask the model for its prediction
+        args = (0, now, 1.0, reqs, prefill, reqs, 0.1, 0, reqs, 0, 300.0 * reqs, 9e3, 400.0)
+        step.add(*args)
+        pred = float(predict_logged_steps(model, step)[0])
+        factor = 1.25 if now < 60 else 1.0  # a slow first minute, then as profiled
+        log.add(0, now, pred * factor, *args[3:])
+        now += pred * factor
+        log.add(0, now, 0.2, 0, 0, 0, 0.0, 0, 0, 0)  # an idle wait: not a step's work
+        now += 0.2
+    speed = speed_against(model, log)
+    pred = predict_logged_steps(model, log)
+    busy = log.column("num_reqs") > 0
+    real = log.column("latency_s")[busy]
+    assert speed["speed_vs_profile"] == pytest.approx(real.sum() / pred[busy].sum())
+    assert 1.0 < speed["speed_vs_profile"] < 1.25
+    assert speed["speed_vs_profile_max"] == pytest.approx(1.25)
+    assert speed["speed_vs_profile_min"] == pytest.approx(1.0)
+    assert speed_against(model, log.to_frame()) == pytest.approx(speed)
+    idle = StepLog()
+    idle.add(0, 0.0, 0.05, 0, 0, 0, 0.0, 0, 0, 0)
+    assert speed_against(model, idle) == {}

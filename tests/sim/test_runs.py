@@ -175,6 +175,10 @@ def test_hydra_sweeps_with_the_basic_and_joblib_launchers(tmp_path):
         assert res.returncode == 0, res.stderr[-2000:]
         policies = sorted(json.loads(p.read_text())["policy"] for p in out.glob("*/metrics.json"))
         assert policies == ["fcfs", "sjf"]
+        # The sweep's summary (testbed/sweep.py, a Hydra callback): a row per run.
+        summary = pd.read_csv(out / "sweep_summary.csv")
+        assert sorted(summary["policy"]) == ["fcfs", "sjf"], launcher
+        assert "sweep_summary.csv" in res.stdout
 
 
 def test_a_profile_for_the_hardware_and_model_replaces_the_roofline(tmp_path):

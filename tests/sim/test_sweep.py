@@ -1,0 +1,72 @@
+"""The sweep summary Hydra prints and writes after ``python run.py -m ...``."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from testbed.sweep import fidelity_pairs, summary, sweep_runs, write_summary
+
+
+def job(sweep, num, mode, policy, speed=None, overrides=(), **metrics):
+    run_dir = sweep / f"{num}_{mode}_{policy}_synthetic"
+    (run_dir / ".hydra").mkdir(parents=True)
+    lines = [f"- mode={mode}", f"- policy={policy}", *(f"- {o}" for o in overrides)]
+    (run_dir / ".hydra" / "overrides.yaml").write_text("\n".join(lines) + "\n")
+    m = {"mode": mode, "policy": policy, "trace": "synthetic", "num_finished": 20,
+         "throughput_req_s": 1.0, "ttft_s_p50": 0.1, "tpot_s_mean": 0.01, "e2e_s_mean": 2.0,
+         **metrics}  # fmt: skip
+    if speed is not None:
+        m["speed_vs_profile"] = speed
+    (run_dir / "metrics.json").write_text(json.dumps(m))
+
+
+def test_a_sim_real_sweep_pairs_each_simulation_with_its_real_run(tmp_path):
+    job(tmp_path, 0, "sim", "fcfs")
+    job(tmp_path, 1, "sim", "sjf", e2e_s_mean=2.2)
+    job(tmp_path, 2, "real", "fcfs", speed=1.01, e2e_s_mean=2.04, ttft_s_p50=0.095)
+    job(tmp_path, 3, "real", "sjf", speed=1.02)
+    job(tmp_path, 10, "sim", "vtc")  # no real run of vtc: unpaired
+    runs = sweep_runs(tmp_path)
+    assert [r["run"] for r in runs] == [
+        "0_sim_fcfs_synthetic", "1_sim_sjf_synthetic", "2_real_fcfs_synthetic",
+        "3_real_sjf_synthetic", "10_sim_vtc_synthetic",
+    ]  # fmt: skip
+    pairs = {p["sim"]: p for p in fidelity_pairs(runs)}
+    assert set(pairs) == {"0_sim_fcfs_synthetic", "1_sim_sjf_synthetic"}
+    fcfs, sjf = pairs["0_sim_fcfs_synthetic"], pairs["1_sim_sjf_synthetic"]
+    assert fcfs["real"] == "2_real_fcfs_synthetic"
+    assert fcfs["e2e_s_mean"] == pytest.approx(2.0 / 2.04 - 1)
+    assert fcfs["ttft_s_p50"] == pytest.approx(0.1 / 0.095 - 1)
+    assert fcfs["meets"] and not sjf["meets"]  # sjf's E2E is 10% off
+    text = write_summary(tmp_path)
+    assert "missed" in text and "WARNING" not in text  # speeds within 1%
+    table = pd.read_csv(tmp_path / "sweep_summary.csv")
+    assert len(table) == 5 and table["speed_vs_profile"].notna().sum() == 2
+
+
+def test_runs_that_differ_in_more_than_mode_are_not_paired(tmp_path):
+    job(tmp_path, 0, "sim", "fcfs", overrides=["load=0.5"])
+    job(tmp_path, 1, "real", "fcfs", overrides=["load=0.9"])
+    assert fidelity_pairs(sweep_runs(tmp_path)) == []
+
+
+def test_real_runs_on_a_machine_whose_speed_moved_are_flagged(tmp_path):
+    job(tmp_path, 0, "real", "fcfs", speed=0.98)
+    job(tmp_path, 1, "real", "sjf", speed=1.22)
+    text = summary(sweep_runs(tmp_path))
+    assert "WARNING" in text and "24% apart" in text
+
+
+def test_a_broken_metrics_file_is_named(tmp_path):
+    job(tmp_path, 0, "sim", "fcfs")
+    (tmp_path / "0_sim_fcfs_synthetic" / "metrics.json").write_text("{")
+    with pytest.raises(ValueError, match=r"0_sim_fcfs_synthetic/metrics\.json"):
+        sweep_runs(tmp_path)
+
+
+def test_a_sweep_without_run_directories_has_no_summary(tmp_path):
+    assert write_summary(tmp_path) is None
+    assert not (tmp_path / "sweep_summary.csv").exists()
