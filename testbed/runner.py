@@ -305,11 +305,16 @@ def run_real(cfg: DictConfig, requests) -> tuple[Any, dict[str, Any]]:
 def speed_vs_profile(cfg: DictConfig, spec: ModelSpec, steps) -> dict[str, Any]:
     """A real run's speed against the profile of its hardware and model
     (:func:`~testbed.sim.latency.speed_against`), and which profile; nothing
-    where there is no profile or no busy step."""
-    model = latency_model(cfg, spec)
-    if model.kind != "profile":
-        return {}
-    speed = speed_against(model, steps)
+    where there is no profile or no busy step, and the error where the profile
+    cannot be read."""
+    try:  # a diagnostic: an unreadable profile must not cost the run its files
+        model = latency_model(cfg, spec)
+        if model.kind != "profile":
+            return {}
+        speed = speed_against(model, steps)
+    except (OSError, ValueError, KeyError) as err:
+        print(f"WARNING: no speed against the profile: {err}")
+        return {"speed_vs_profile_error": str(err)}
     return {**speed, "speed_profile": model.source} if speed else {}
 
 

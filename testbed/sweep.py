@@ -5,19 +5,27 @@ at the end of a multirun. It reads each job's ``metrics.json`` under the sweep
 directory, prints a line per run and writes them to ``sweep_summary.csv``
 there. Two checks a sweep needs:
 
-* jobs that differ only in ``mode`` (``-m mode=sim,real ...``) are paired, and
-  the simulation's relative error against the real run is printed for the
-  issue's fidelity targets (throughput, mean TPOT and E2E, p50 TTFT);
-* real runs whose machine ran at different speeds against its profile
+* jobs that differ only in ``mode`` and its fields (``-m mode=sim,real ...``)
+  are paired, and the simulation's relative error against the real run is
+  printed for the fidelity targets (throughput, mean TPOT and E2E, p50 TTFT),
+  beside the real run's speed against the profile: the simulation runs at the
+  profile's speed, so on a machine that moved the error is partly the machine's
+  (``experiments/fidelity.py`` separates the two);
+* real runs whose steps took different multiples of their profile's prediction
   (``speed_vs_profile``, see :func:`testbed.sim.latency.speed_against`) are
   flagged: on a shared machine, what separates two real runs is partly the
   machine, not the policy.
+
+Every job directory under the sweep directory counts, also those of an earlier
+sweep into the same ``hydra.sweep.dir`` (so a later simulation sweep pairs with
+earlier real runs).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +44,8 @@ COLUMNS = {
     "e2e_s_mean": "E2E mean",
     "speed_vs_profile": "speed vs profile",
 }
-# What a simulation is held to against its real run (relative error), as in the
-# fidelity experiment (experiments/fidelity.py)
+# What a simulation is held to against its real run (relative error): the
+# targets of the fidelity experiment (experiments/fidelity.py)
 TARGETS = {"throughput_req_s": 0.05, "tpot_s_mean": 0.05, "e2e_s_mean": 0.05, "ttft_s_p50": 0.10}
 # Real runs whose speed_vs_profile differs by more than this are flagged
 SPEED_SPREAD = 0.05
@@ -49,57 +57,90 @@ def job_order(run_dir: Path) -> tuple[int, str]:
     return (int(number.group()) if number else 1 << 62, run_dir.name)
 
 
-def job_overrides(run_dir: Path) -> list[str]:
-    """The job's command-line overrides (Hydra's ``.hydra/overrides.yaml``), if kept."""
+def job_overrides(run_dir: Path) -> list[str] | None:
+    """The job's command-line overrides (Hydra's ``.hydra/overrides.yaml``); None
+    where Hydra did not keep them (``hydra.output_subdir=null``)."""
     path = run_dir / ".hydra" / "overrides.yaml"
     if not path.is_file():
-        return []
+        return None
     import yaml
 
     return [str(o) for o in yaml.safe_load(path.read_text()) or []]
 
 
-def sweep_runs(sweep_dir: Path) -> list[dict[str, Any]]:
+# What identifies a run where its overrides were not kept (see :func:`pair_key`)
+IDENTITY = ("policy", "trace", "model", "hardware", "seed", "load", "num_requests")
+
+
+def pair_key(overrides: list[str] | None, metrics: dict[str, Any]) -> tuple[str, ...]:
+    """What a simulation and its real run share: the overrides but those of
+    ``mode`` and its fields (``mode.latency_scale`` and the like set how a
+    simulation runs, not what it simulates), or, without overrides, the run's
+    :data:`IDENTITY` from its metrics."""
+    if overrides is None:
+        return tuple(f"{k}={metrics.get(k)}" for k in IDENTITY)
+    kept = []
+    for override in overrides:
+        key = override.lstrip("+~").split("=", 1)[0]
+        if key != "mode" and not key.startswith("mode."):
+            kept.append(override.lstrip("+"))
+    return tuple(sorted(kept))
+
+
+def sweep_runs(sweep_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
     """Every job of the sweep that wrote a ``metrics.json``, in job order: the
-    :data:`COLUMNS`, ``partial``, its directory's name (``run``) and ``pair``, its
-    overrides other than ``mode`` (jobs with the same ``pair`` differ only in mode)."""
-    runs = []
+    :data:`COLUMNS`, ``partial``, its directory's name (``run``) and its
+    :func:`pair_key` (``pair``); and the ``metrics.json`` files that could not be
+    read, each with the reason (a job killed while writing it)."""
+    runs, unread = [], []
     for run_dir in sorted((p.parent for p in sweep_dir.glob("*/metrics.json")), key=job_order):
         path = run_dir / "metrics.json"
         try:
             metrics = json.loads(path.read_text())
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}: not JSON ({err})") from err
-        overrides = [o for o in job_overrides(run_dir) if not o.startswith("mode=")]
+        except (OSError, json.JSONDecodeError) as err:
+            unread.append(f"{path}: {err}")
+            continue
+        if not isinstance(metrics, dict):
+            unread.append(f"{path}: not a JSON object")
+            continue
         runs.append({
             "run": run_dir.name,
             **{key: metrics.get(key) for key in COLUMNS},
             "partial": bool(metrics.get("partial")),
-            "pair": " ".join(sorted(overrides)),
+            "pair": pair_key(job_overrides(run_dir), metrics),
         })  # fmt: skip
-    return runs
+    return runs, unread
 
 
 def fidelity_pairs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each simulation against the real run of the same overrides: the relative
-    error (sim / real - 1) of every :data:`TARGETS` metric, and ``meets`` (all
-    within their targets). Only pairs with exactly one run of each mode."""
+    """Each simulation against the real run of the same :func:`pair_key` (where
+    exactly one real run has it): the relative error (sim / real - 1) of every
+    :data:`TARGETS` metric, the real run's ``speed_vs_profile`` (the simulation
+    runs at the profile's speed unless ``mode.latency_scale`` says otherwise), and
+    ``meets``: all within their targets; None where either run is partial (a
+    stopped run is no measure of the other)."""
     pairs = []
-    keys = dict.fromkeys(r["pair"] for r in runs)
-    for key in keys:
-        group = [r for r in runs if r["pair"] == key]
-        sims = [r for r in group if r["mode"] == "sim"]
-        reals = [r for r in group if r["mode"] == "real"]
-        if len(sims) != 1 or len(reals) != 1:
+    for key in dict.fromkeys(r["pair"] for r in runs):
+        reals = [r for r in runs if r["pair"] == key and r["mode"] == "real"]
+        if len(reals) != 1:
             continue
-        sim, real = sims[0], reals[0]
-        errors = {
-            metric: sim[metric] / real[metric] - 1
-            for metric in TARGETS
-            if sim.get(metric) is not None and real.get(metric)
-        }
-        meets = len(errors) == len(TARGETS) and all(abs(e) <= TARGETS[m] for m, e in errors.items())
-        pairs.append({"sim": sim["run"], "real": real["run"], **errors, "meets": meets})
+        real = reals[0]
+        for sim in (r for r in runs if r["pair"] == key and r["mode"] == "sim"):
+            errors = {
+                metric: sim[metric] / real[metric] - 1
+                for metric in TARGETS
+                if sim.get(metric) is not None and real.get(metric)
+            }
+            meets = len(errors) == len(TARGETS) and all(
+                abs(e) <= TARGETS[m] for m, e in errors.items()
+            )
+            pairs.append({
+                "sim": sim["run"],
+                "real": real["run"],
+                **errors,
+                "speed_vs_profile": real.get("speed_vs_profile"),
+                "meets": None if sim["partial"] or real["partial"] else meets,
+            })  # fmt: skip
     return pairs
 
 
@@ -123,8 +164,8 @@ def percent(value: float | None) -> str:
     return "-" if value is None else f"{value:+.1%}"
 
 
-def met(meets: bool) -> str:
-    return "met" if meets else "missed"
+def met(meets: bool | None) -> str:
+    return "partial run" if meets is None else "met" if meets else "missed"
 
 
 def table(headings: list[str], rows: list[list[str]]) -> str:
@@ -135,45 +176,59 @@ def table(headings: list[str], rows: list[list[str]]) -> str:
     )
 
 
-def summary(runs: list[dict[str, Any]]) -> str:
-    """The printed summary: the runs, then the sim-vs-real pairs and the speed check."""
+def summary(runs: list[dict[str, Any]], unread: Sequence[str] = ()) -> str:
+    """The printed summary: the runs, then the sim-vs-real pairs, the speed
+    check and the ``metrics.json`` files that could not be read."""
     headings = ["run", *COLUMNS.values()]
     rows = [
         [r["run"] + (" (partial)" if r["partial"] else ""), *(cell(r[k]) for k in COLUMNS)]
         for r in runs
     ]
-    parts = [table(headings, rows)]
+    parts = [table(headings, rows)] if runs else []
     pairs = fidelity_pairs(runs)
     if pairs:
-        heads = ["sim", "real", *(f"{COLUMNS[m]} err" for m in TARGETS), "targets"]
+        heads = ["sim", "real", *(f"{COLUMNS[m]} err" for m in TARGETS)]
+        heads += ["real's speed vs profile", "targets"]
         lines = [
-            [p["sim"], p["real"], *(percent(p.get(m)) for m in TARGETS), met(p["meets"])]
+            [p["sim"], p["real"], *(percent(p.get(m)) for m in TARGETS)]
+            + [cell(p["speed_vs_profile"]), met(p["meets"])]
             for p in pairs
         ]
         limits = ", ".join(f"{COLUMNS[m]} {t:.0%}" for m, t in TARGETS.items())
-        parts.append(f"simulation against the real run ({limits}):\n" + table(heads, lines))
+        parts.append(
+            f"simulation against the real run ({limits}; a real run whose machine ran "
+            "slower or faster than profiled is off by as much, unless simulated at "
+            "mode.latency_scale=<its speed vs profile>):\n" + table(heads, lines)
+        )
     spread = speed_spread(runs)
     if spread is not None and spread[1] / spread[0] - 1 > SPEED_SPREAD:
         low, high = spread
         parts.append(
-            f"WARNING: the real runs' machine ran at {low:.3f}x to {high:.3f}x its profile's "
-            f"step time ({high / low - 1:.0%} apart): what separates these runs is partly the "
-            "machine, not only what the sweep varied. Repeat the sweep (in another order) "
-            "to see how much, or compare the policies in simulation."
+            f"WARNING: the real runs' steps took {low:.3f}x to {high:.3f}x the time their "
+            f"profile predicts ({high / low - 1:.0%} apart): on a shared machine that is "
+            "mostly the machine's speed moving between runs (or the profile fitting some "
+            "runs' step mixes worse than others'), so what separates these runs is partly "
+            "not what the sweep varied. Repeat the sweep (in another order) to see how "
+            "much, or compare the policies in simulation."
         )
+    parts += [f"not read: {u}" for u in unread]
     return "\n\n".join(parts)
 
 
 def write_summary(sweep_dir: Path) -> str | None:
-    """Write ``sweep_summary.csv`` under ``sweep_dir`` and return the printed
-    summary; None where no job wrote a ``metrics.json`` (a sweep of profiles)."""
-    runs = sweep_runs(sweep_dir)
-    if not runs:
+    """Write ``sweep_summary.csv`` under ``sweep_dir`` (every job directory
+    there, of this sweep or an earlier one into the same directory) and return
+    the printed summary; None where no job wrote a ``metrics.json`` (a sweep of
+    profiles)."""
+    runs, unread = sweep_runs(sweep_dir)
+    if not runs and not unread:
         return None
     import pandas as pd
 
-    pd.DataFrame(runs).to_csv(sweep_dir / "sweep_summary.csv", index=False)
-    return summary(runs)
+    if runs:
+        frame = pd.DataFrame(runs).assign(pair=lambda t: t["pair"].map(" ".join))
+        frame.to_csv(sweep_dir / "sweep_summary.csv", index=False)
+    return summary(runs, unread)
 
 
 class SweepSummary(Callback):

@@ -403,7 +403,7 @@ def speed_against(model: LatencyModel, steps, window_s: float = SPEED_WINDOW_S) 
     pred = predict_logged_steps(model, steps)[busy]
     start = step_column(steps, "start_s")[busy]
     speed = float(real.sum() / pred.sum())
-    window = np.floor((start - start[0]) / window_s).astype(np.int64)
+    window = np.floor((start - start.min()) / window_s).astype(np.int64)
     kept = np.bincount(window) >= SPEED_WINDOW_STEPS
     ratios = np.bincount(window, real)[kept] / np.bincount(window, pred)[kept]
     low, high = (float(ratios.min()), float(ratios.max())) if kept.sum() >= 2 else (speed, speed)

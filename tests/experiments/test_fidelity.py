@@ -345,9 +345,8 @@ def test_idle_probe_tracking_compares_the_probe_with_the_runs_own_speed(tmp_path
     import numpy as np
 
     from experiments import idle_probe_tracking as tracking
-    from experiments.fidelity import predicted_steps
     from testbed.profiling.profiler import write_profile
-    from testbed.sim.latency import ProfileModel, read_profile_header
+    from testbed.sim.latency import ProfileModel, predict_logged_steps, read_profile_header
 
     committed = tracking.ROOT / "profiles" / "cpu1" / "dummy-llama.csv"
     runs = tmp_path / "runs"
@@ -369,7 +368,7 @@ def test_idle_probe_tracking_compares_the_probe_with_the_runs_own_speed(tmp_path
     steps["num_decode_tokens"] = steps["num_reqs"]
     steps["kv_tokens"] = steps["num_reqs"] * steps["max_kv"]
     steps["attn_pairs"] = steps["kv_tokens"]
-    steps["latency_s"] = 1.2 * predicted_steps(steps, model)
+    steps["latency_s"] = 1.2 * predict_logged_steps(model, steps)
     for name, probe in (("fcfs-real", 0.012), ("sjf-real", 0.01)):
         run = runs / "synthetic" / name
         run.mkdir(parents=True)

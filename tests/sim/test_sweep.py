@@ -29,7 +29,8 @@ def test_a_sim_real_sweep_pairs_each_simulation_with_its_real_run(tmp_path):
     job(tmp_path, 2, "real", "fcfs", speed=1.01, e2e_s_mean=2.04, ttft_s_p50=0.095)
     job(tmp_path, 3, "real", "sjf", speed=1.02)
     job(tmp_path, 10, "sim", "vtc")  # no real run of vtc: unpaired
-    runs = sweep_runs(tmp_path)
+    runs, unread = sweep_runs(tmp_path)
+    assert unread == []
     assert [r["run"] for r in runs] == [
         "0_sim_fcfs_synthetic", "1_sim_sjf_synthetic", "2_real_fcfs_synthetic",
         "3_real_sjf_synthetic", "10_sim_vtc_synthetic",
@@ -50,21 +51,60 @@ def test_a_sim_real_sweep_pairs_each_simulation_with_its_real_run(tmp_path):
 def test_runs_that_differ_in_more_than_mode_are_not_paired(tmp_path):
     job(tmp_path, 0, "sim", "fcfs", overrides=["load=0.5"])
     job(tmp_path, 1, "real", "fcfs", overrides=["load=0.9"])
-    assert fidelity_pairs(sweep_runs(tmp_path)) == []
+    assert fidelity_pairs(sweep_runs(tmp_path)[0]) == []
+
+
+def test_simulations_at_other_speeds_pair_with_the_one_real_run(tmp_path):
+    """mode's fields set how a simulation runs, not what it simulates: sims at
+    the profile's speed and at the real run's both pair with it."""
+    job(tmp_path, 0, "real", "fcfs", speed=1.2, overrides=["load=0.7"], e2e_s_mean=2.4)
+    job(tmp_path, 1, "sim", "fcfs", overrides=["load=0.7"])
+    job(tmp_path, 2, "sim", "fcfs", overrides=["load=0.7", "++mode.latency_scale=1.2"],
+        e2e_s_mean=2.4)  # fmt: skip
+    pairs = fidelity_pairs(sweep_runs(tmp_path)[0])
+    assert [p["sim"][0] for p in pairs] == ["1", "2"]
+    assert all(p["real"] == "0_real_fcfs_synthetic" for p in pairs)
+    assert pairs[0]["e2e_s_mean"] == pytest.approx(2.0 / 2.4 - 1)
+    assert pairs[1]["e2e_s_mean"] == pytest.approx(0.0)
+    assert pairs[0]["speed_vs_profile"] == 1.2
+
+
+def test_a_partial_run_is_paired_but_not_judged(tmp_path):
+    job(tmp_path, 0, "sim", "fcfs")
+    job(tmp_path, 1, "real", "fcfs", partial=True, num_finished=3)
+    (pair,) = fidelity_pairs(sweep_runs(tmp_path)[0])
+    assert pair["meets"] is None
+    assert "partial run" in summary(sweep_runs(tmp_path)[0])
+
+
+def test_without_kept_overrides_runs_pair_by_what_they_ran(tmp_path):
+    """hydra.output_subdir=null keeps no overrides.yaml: the runs' metrics say
+    what they ran."""
+    job(tmp_path, 0, "sim", "fcfs")
+    job(tmp_path, 1, "real", "fcfs")
+    job(tmp_path, 2, "real", "sjf")
+    for run in tmp_path.iterdir():
+        (run / ".hydra" / "overrides.yaml").unlink()
+    (pair,) = fidelity_pairs(sweep_runs(tmp_path)[0])
+    assert pair["real"] == "1_real_fcfs_synthetic"
 
 
 def test_real_runs_on_a_machine_whose_speed_moved_are_flagged(tmp_path):
     job(tmp_path, 0, "real", "fcfs", speed=0.98)
     job(tmp_path, 1, "real", "sjf", speed=1.22)
-    text = summary(sweep_runs(tmp_path))
+    text = summary(*sweep_runs(tmp_path))
     assert "WARNING" in text and "24% apart" in text
 
 
-def test_a_broken_metrics_file_is_named(tmp_path):
+def test_a_broken_metrics_file_is_named_and_the_rest_summarised(tmp_path):
     job(tmp_path, 0, "sim", "fcfs")
-    (tmp_path / "0_sim_fcfs_synthetic" / "metrics.json").write_text("{")
-    with pytest.raises(ValueError, match=r"0_sim_fcfs_synthetic/metrics\.json"):
-        sweep_runs(tmp_path)
+    job(tmp_path, 1, "sim", "sjf")
+    (tmp_path / "0_sim_fcfs_synthetic" / "metrics.json").write_text("{")  # killed mid-write
+    runs, unread = sweep_runs(tmp_path)
+    assert [r["run"] for r in runs] == ["1_sim_sjf_synthetic"]
+    assert len(unread) == 1 and "0_sim_fcfs_synthetic/metrics.json" in unread[0]
+    assert "not read: " in write_summary(tmp_path)
+    assert len(pd.read_csv(tmp_path / "sweep_summary.csv")) == 1
 
 
 def test_a_sweep_without_run_directories_has_no_summary(tmp_path):
