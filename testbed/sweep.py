@@ -205,7 +205,7 @@ def summary(runs: list[dict[str, Any]], unread: Sequence[str] = ()) -> str:
         low, high = spread
         parts.append(
             f"WARNING: the real runs' steps took {low:.3f}x to {high:.3f}x the time their "
-            f"profile predicts ({high / low - 1:.0%} apart): on a shared machine that is "
+            f"profile predicts ({high / low - 1:.1%} apart): on a shared machine that is "
             "mostly the machine's speed moving between runs (or the profile fitting some "
             "runs' step mixes worse than others'), so what separates these runs is partly "
             "not what the sweep varied. Repeat the sweep (in another order) to see how "

@@ -93,7 +93,7 @@ def test_real_runs_on_a_machine_whose_speed_moved_are_flagged(tmp_path):
     job(tmp_path, 0, "real", "fcfs", speed=0.98)
     job(tmp_path, 1, "real", "sjf", speed=1.22)
     text = summary(*sweep_runs(tmp_path))
-    assert "WARNING" in text and "24% apart" in text
+    assert "WARNING" in text and "24.5% apart" in text
 
 
 def test_a_broken_metrics_file_is_named_and_the_rest_summarised(tmp_path):
