@@ -136,15 +136,13 @@ from testbed.runner import (  # noqa: E402
     run_trace,
 )
 from testbed.signals import interrupt_on_sigterm  # noqa: E402
-from testbed.sim.latency import predict_logged_steps  # noqa: E402
+from testbed.sim.latency import SPEED_WINDOW_S, predict_logged_steps, speed_by_window  # noqa: E402
 from testbed.sim.speed import SpeedTrace  # noqa: E402
 from traces.transforms import mean_rate  # noqa: E402
 
 STATS = ("mean", "p50", "p90", "p99")
 LATENCIES = ("ttft_s", "tpot_s", "e2e_s")
 NOISE = " (real vs real)"  # the policy column of a real run against its repeat
-# metric: the issue's target for its relative error (err_<metric> in fidelity.csv)
-TARGETS = {"throughput_req_s": 0.05, "tpot_s_mean": 0.05, "e2e_s_mean": 0.05, "ttft_s_p50": 0.10}
 
 
 def read_experiment(path: Path) -> tuple[dict, pd.DataFrame]:
@@ -460,7 +458,7 @@ def neighbour_speeds(
     return out
 
 
-WINDOW_S = 60.0  # the stretches of a run that :func:`window_speeds` measures
+WINDOW_S = SPEED_WINDOW_S  # the stretches of a run that :func:`window_speeds` measures
 TRACE_WINDOW_S = 10.0  # the windows of a run's :func:`run_speed_trace`
 
 
@@ -470,8 +468,7 @@ def windows(steps: pd.DataFrame, width_s: float) -> pd.Series:
     busy time of those steps over the latency model's prediction of them, as
     :func:`own_speed` is for the whole run. ``steps``: the run's
     :func:`busy_steps`; stretches without a step are left out."""
-    g = steps.groupby((steps["start_s"] // width_s).astype(int))
-    return g["latency_s"].sum() / g["pred_s"].sum()
+    return speed_by_window(steps["start_s"], steps["latency_s"], steps["pred_s"], width_s)["speed"]
 
 
 def window_speeds(steps: pd.DataFrame, width_s: float = WINDOW_S) -> np.ndarray:

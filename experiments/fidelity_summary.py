@@ -44,7 +44,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from experiments.fidelity import NOISE, TARGETS, error_ratio, markdown_table, read_experiment
+from experiments.fidelity import NOISE, error_ratio, markdown_table, read_experiment
+from testbed.sweep import TARGETS
 
 VARIANTS = {
     "profile": "",

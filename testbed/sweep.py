@@ -45,7 +45,7 @@ COLUMNS = {
     "speed_vs_profile": "speed vs profile",
 }
 # What a simulation is held to against its real run (relative error): the
-# targets of the fidelity experiment (experiments/fidelity.py)
+# issue's fidelity targets, also experiments/fidelity.py's
 TARGETS = {"throughput_req_s": 0.05, "tpot_s_mean": 0.05, "e2e_s_mean": 0.05, "ttft_s_p50": 0.10}
 # Real runs whose speed_vs_profile differs by more than this are flagged
 SPEED_SPREAD = 0.05
@@ -234,14 +234,9 @@ def write_summary(sweep_dir: Path) -> str | None:
 class SweepSummary(Callback):
     """Prints and writes the sweep's summary when a multirun ends."""
 
-    def __init__(self) -> None:
-        self.sweep_dir: Path | None = None
-
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self.sweep_dir = Path(str(config.hydra.sweep.dir))
-
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        sweep_dir = self.sweep_dir or Path(str(config.hydra.sweep.dir))
+        # Hydra resolves ${now:...} once per config (cached): the launcher's directory
+        sweep_dir = Path(str(config.hydra.sweep.dir))
         text = write_summary(sweep_dir)
         if text is not None:
             print(f"\nsweep {sweep_dir} ({sweep_dir / 'sweep_summary.csv'}):\n{text}")
