@@ -23,7 +23,7 @@ from omegaconf import DictConfig  # noqa: E402
 
 @hydra.main(config_path="conf", config_name="config", version_base=None)
 def main(cfg: DictConfig) -> float:
-    from testbed.runner import run_from_config
+    from testbed.job import run_from_config
     from testbed.signals import ended_by_interrupts
 
     with ended_by_interrupts():  # a run stopped by timeout or kill writes what it measured

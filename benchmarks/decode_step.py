@@ -32,9 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import write_results
 
-from testbed.engine.llm import pick_dtype, resolve_model, select_backend
+from testbed.engine.device import pick_dtype
+from testbed.engine.factory import engine_model
 from testbed.engine.model import AttentionMetadata
 from testbed.engine.weights import build_model
+from testbed.kernels import select_backend
 
 BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.039e12}
 
@@ -109,7 +111,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device or "cuda")
-    cfg, _, name = resolve_model(args.model)
+    cfg, _, name = engine_model(args.model)
     model = build_model(cfg, None, pick_dtype(None, device), device)
     backend = select_backend(args.backend, device)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())

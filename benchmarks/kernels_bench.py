@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from common import write_results  # noqa: E402
 
-from testbed.kernels import reference  # noqa: E402
+from testbed.kernels import torch_attention as reference  # noqa: E402
 
 DEVICE = "cuda"
 PEAK_HBM_BYTES_S = 4.8e12  # H200

@@ -26,9 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_results
 from decode_step import step_time
 
-from testbed.engine.llm import pick_dtype, resolve_model, select_backend
+from testbed.engine.device import pick_dtype
+from testbed.engine.factory import engine_model
 from testbed.engine.model import CausalLM
 from testbed.engine.weights import build_model
+from testbed.kernels import select_backend
 
 
 def head_time(fn, hidden: torch.Tensor, calls: int) -> float:
@@ -96,7 +98,7 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/lm_head_cpu.json")
     args = ap.parse_args()
     device = torch.device("cpu")
-    cfg, _, name = resolve_model(args.model)
+    cfg, _, name = engine_model(args.model)
     model = build_model(cfg, None, pick_dtype(None, device), device)
     backend = select_backend("auto", device)
     w = model.lm_head.weight

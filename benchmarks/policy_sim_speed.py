@@ -32,9 +32,9 @@ from omegaconf import OmegaConf  # noqa: E402
 from sim_speed import measure  # noqa: E402
 
 from policies import REGISTRY, make_policy  # noqa: E402
+from testbed.build import model_spec, trace_options  # noqa: E402
 from testbed.core import Policy  # noqa: E402
 from testbed.core.queue import WaitingQueue  # noqa: E402
-from testbed.runner import model_spec, trace_options  # noqa: E402
 from traces import load_trace  # noqa: E402
 
 SETUPS = {

@@ -27,8 +27,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from common import write_results  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
+from testbed.build import model_spec  # noqa: E402
 from testbed.metrics.summary import requests_frame, summarize  # noqa: E402
-from testbed.runner import model_spec, simulate  # noqa: E402
+from testbed.modes.sim import simulate  # noqa: E402
 from testbed.workload import to_requests  # noqa: E402
 from traces import load_trace  # noqa: E402
 

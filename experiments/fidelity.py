@@ -50,7 +50,7 @@ speed wanders by several percent between minutes-apart measurements, which a
 profile taken at another time cannot follow but runs minutes away mostly do.
 
 With ``--speed-probe`` the machine's speed is measured (a few seconds of fixed
-steps, ``testbed.profiling.profiler.speed_probe``) right before and after each
+steps, ``testbed.profiling.probes.speed_probe``) right before and after each
 real run and compared with the same probe recorded in the profile; each pair
 is then also simulated with every step scaled by that ratio, and both errors
 are reported: as profiled (``err_*``) and probe-corrected (``cor_err_*``). On
@@ -60,7 +60,7 @@ the 2-core VM a few seconds of probe did not follow the drift over a run
 With ``--idle-probe`` each real run samples the machine's speed in its idle gaps
 (``mode.idle_probe=true``: one fixed decode step on the run's model, every
 quarter second while the next arrival is at least 50 ms away, never beside a
-step; ``testbed.profiling.profiler.IdleProbe``), and the profiler records the
+step; ``testbed.profiling.probes.IdleProbe``), and the profiler records the
 same probe. Each pair is also simulated with every step scaled by the ratio of
 the run's median sample to the profile's (``idle_err_*``): the simulator given
 the machine's speed during the run, measured apart from the run's own steps.
@@ -116,27 +116,20 @@ sys.path.insert(0, str(ROOT))
 
 from hydra import compose, initialize_config_dir  # noqa: E402
 
+from testbed.build import engine_args, latency_model, model_spec, run_trace  # noqa: E402
 from testbed.capacity import find_capacity  # noqa: E402
-from testbed.profiling.profiler import (  # noqa: E402
-    fit_line,
-    merge_profiles,
-    probe_engine,
-    profile_machine,
+from testbed.job import run_from_config  # noqa: E402
+from testbed.modes.real import engine_model  # noqa: E402
+from testbed.profile_table import merge_profiles, profile_machine  # noqa: E402
+from testbed.profiling.fit_report import fit_line  # noqa: E402
+from testbed.profiling.probes import probe_engine, speed_probe  # noqa: E402
+from testbed.profiling.reference_probe import (  # noqa: E402
+    beside_busy,
     reference_key,
-    speed_probe,
 )
-from testbed.profiling.reference import beside_busy  # noqa: E402
 from testbed.report.wandb_log import log_experiment  # noqa: E402
-from testbed.runner import (  # noqa: E402
-    engine_args,
-    latency_model,
-    model_spec,
-    real_model,
-    run_from_config,
-    run_trace,
-)
 from testbed.signals import interrupt_on_sigterm  # noqa: E402
-from testbed.sim.latency import SPEED_WINDOW_S, predict_logged_steps, speed_by_window  # noqa: E402
+from testbed.sim.run_speed import SPEED_WINDOW_S, predict_logged_steps, speed_by_window  # noqa: E402
 from testbed.sim.speed import SpeedTrace  # noqa: E402
 from traces.transforms import mean_rate  # noqa: E402
 
@@ -243,7 +236,7 @@ def machine_mismatches(pairs: list[tuple[Path, object]]) -> list[str]:
     """A warning line for each real run measured on another machine than the
     profile its pair was simulated with (``machine`` in the run's
     ``metrics.json`` against the profile header's; see
-    :func:`~testbed.profiling.profiler.profile_machine`): a profile from an
+    :func:`~testbed.profile_table.profile_machine`): a profile from an
     AVX-512 VM predicted an AVX2 one's steps 1.6-2.7x too fast (2026-12-02),
     which no speed factor of this script should be asked to hide. Runs or
     profiles that do not record the machine are not compared."""
@@ -620,7 +613,7 @@ def queued_steps(run_dir: Path) -> float:
 def profile_reference_key(model) -> str:
     """The profile header's reference probe that runs are scaled against: the
     median during its replay, whose steps set the latency model's level, where
-    the header has it (:func:`~testbed.profiling.profiler.reference_key`).
+    the header has it (:func:`~testbed.profiling.reference_probe.reference_key`).
     ``fidelity.json`` lists the keys used (``meta.profile_reference``)."""
     return reference_key(getattr(model, "header", {}))
 
@@ -1084,7 +1077,7 @@ def main() -> None:
     probes: dict[str, list[float]] = {}
     if args.speed_probe:
         base = compose_cfg([*quiet, *args.extra])
-        probe_setup = probe_engine(engine_args(base), model=real_model(base))
+        probe_setup = probe_engine(engine_args(base), model=engine_model(base))
 
     def real_run(overrides: list[str], name: str, repeat: int | None) -> Path | None:
         """The real run ``name`` (e.g. trace/fcfs-real), or the reused one (None

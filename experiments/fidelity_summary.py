@@ -45,7 +45,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from experiments.fidelity import NOISE, error_ratio, markdown_table, read_experiment
-from testbed.sweep import TARGETS
+from testbed.report.sweep import TARGETS
 
 VARIANTS = {
     "profile": "",

@@ -1,6 +1,6 @@
 """How the latency model predicts batch compositions its profile does not hold.
 
-For each profile table given, it fits :class:`~testbed.sim.latency.ProfileModel`
+For each profile table given, it fits :class:`~testbed.sim.profile_model.ProfileModel`
 twice: to the whole table, and to the table without one group of grid points
 (``--leave-out``), then predicts that group's points with both. The whole fit's
 error on them is how well one model serves them and every other step; the
@@ -42,8 +42,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from experiments.fidelity import busy_steps, error_ratio, markdown_table, step_errors  # noqa: E402
-from testbed.profiling.profiler import write_profile  # noqa: E402
-from testbed.sim.latency import FEATURES, ProfileModel, read_profile_header  # noqa: E402
+from testbed.profile_table import (  # noqa: E402
+    read_profile_header,
+    write_profile,
+)
+from testbed.sim.latency import FEATURES  # noqa: E402
+from testbed.sim.profile_model import ProfileModel  # noqa: E402
 
 GROUPS: dict[str, Callable[[pd.DataFrame], pd.Series]] = {
     "cached_prefix": lambda t: t.get("prefix_tokens", pd.Series(0, index=t.index)).fillna(0) > 0,

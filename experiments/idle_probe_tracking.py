@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from experiments.fidelity import busy_steps  # noqa: E402
-from testbed.sim.latency import ProfileModel  # noqa: E402
+from testbed.sim.profile_model import ProfileModel  # noqa: E402
 
 
 def run_factors(run: Path, model: ProfileModel, reference: float, window: float):

@@ -41,8 +41,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from experiments.fidelity import NOISE, markdown_table, read_experiment  # noqa: E402
+from testbed.report.sweep import TARGETS  # noqa: E402  (metric: the target for its relative error)
 from testbed.report.wandb_log import log_experiment  # noqa: E402
-from testbed.sweep import TARGETS  # noqa: E402  (metric: the target for its relative error)
 
 # column prefix: how the simulation was given the machine's speed (fidelity.py)
 VARIANTS = {

@@ -4,7 +4,7 @@ Runs the same short real run (a fixed trace slice, one engine thread pinned to
 ``--engine-cpu``) ``--pairs`` times in fresh processes and as many times in this
 one, alternately (fresh, here, fresh, here, ...: the machine's drift falls on
 both alike), each beside a reference probe on ``--reference-cpu``
-(``testbed.profiling.reference``). For each run it reports
+(``testbed.profiling.reference_probe``). For each run it reports
 
 - ``own``: the run's busy time over the latency model's prediction of the same
   steps (fidelity's own-speed factor; the committed profile of the hardware),
@@ -40,7 +40,8 @@ from experiments.fidelity import (  # noqa: E402
     run_isolated,
     step_errors,
 )
-from testbed.runner import latency_model, run_from_config  # noqa: E402
+from testbed.build import latency_model  # noqa: E402
+from testbed.job import run_from_config  # noqa: E402
 
 
 def run_row(run: Path, model) -> dict:

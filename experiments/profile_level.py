@@ -41,8 +41,10 @@ from experiments.fidelity import (  # noqa: E402
     read_metrics,
     step_errors,
 )
-from testbed.profiling.profiler import reference_key  # noqa: E402
-from testbed.sim.latency import FEATURES, ProfileModel, read_profile_header  # noqa: E402
+from testbed.profile_table import read_profile_header  # noqa: E402
+from testbed.profiling.reference_probe import reference_key  # noqa: E402
+from testbed.sim.latency import FEATURES  # noqa: E402
+from testbed.sim.profile_model import ProfileModel  # noqa: E402
 
 PARTS = ("grid", "replay", "real_runs")
 

@@ -42,7 +42,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from experiments.fidelity import busy_steps, error_ratio, markdown_table, step_errors
-from testbed.sim.latency import ProfileModel
+from testbed.sim.profile_model import ProfileModel
 
 # upper edges (s) of the idle-gap buckets and their labels
 GAP_EDGES = (0.0005, 0.005, 0.05, 0.5, 5.0, np.inf)

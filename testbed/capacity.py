@@ -36,8 +36,10 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
+from testbed.build import latency_model, load_requests, run_trace
 from testbed.metrics.summary import requests_frame
 from testbed.models import ModelSpec
+from testbed.modes.sim import simulate
 from traces.transforms import mean_rate
 
 SUSTAINED = 0.95  # requests finished over requests arrived, in the window
@@ -72,8 +74,6 @@ def search_config(cfg: DictConfig) -> DictConfig:
 def sustains(cfg: DictConfig, spec: ModelSpec, rate: float) -> bool:
     """Whether the engine of ``cfg`` keeps up with its trace rescaled to ``rate``
     req/s (see the module docstring), in the search's simulation of it."""
-    from testbed.runner import load_requests, simulate
-
     cfg = search_config(cfg)
     trace, requests = load_requests(cfg, spec, rate=rate)
     arrivals = np.sort(trace["arrival_s"].to_numpy(float))
@@ -153,8 +153,6 @@ def scaled_to_load(cfg: DictConfig, spec: ModelSpec) -> dict[str, Any]:
     ``capacity_cache`` set (a folder), a capacity found for the same config and
     trace (every policy of a sweep, every load) is read from there instead of
     searched again; the record says which (``capacity_from``)."""
-    from testbed.runner import latency_model, run_trace
-
     load = float(cfg.load)
     if not load > 0:
         raise ValueError(f"load={cfg.load}: a fraction of the capacity, above 0")

@@ -1,20 +1,100 @@
-"""Model shapes (from an HF ``config.json``) and the KV-cache size both modes derive.
+"""Models as both modes see them: which model a config names (:func:`resolve_model`,
+the one place a model is resolved), its shape (:class:`ModelSpec`, the one
+parse of an HF ``config.json``'s shape fields) and the KV-cache size both modes
+derive from it (:func:`num_kv_blocks`).
 
 The simulator charges a step by the model's shape, and the real engine builds
-the model from the same config; both size the KV cache with
-:func:`num_kv_blocks`, so that the two modes can be given the same cache.
-Pure Python (no torch).
+the model from the same config (``testbed.engine.config.ModelConfig`` adds what
+only its code needs); both size the KV cache with :func:`num_kv_blocks`, so
+that the two modes can be given the same cache. Pure Python (no torch).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+MODEL_CONFIGS = PROJECT_ROOT / "conf" / "model"
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """A model as a config names it: its name, its HF config and where its
+    weights are (``None``: seeded dummy weights of that shape)."""
+
+    name: str
+    hf_config: dict[str, Any]
+    folder: Path | None
+    source: str  # where the HF config came from, for error messages
+
+    def spec(self) -> ModelSpec:
+        return ModelSpec.from_hf_config(self.hf_config, name=self.name)
+
+
+def resolve_model(model: Mapping[str, Any] | str | Path) -> ResolvedModel:
+    """The model of a model config group entry (``name`` with ``hf_config`` or
+    ``path``), of a ``conf/model/`` name, or of an HF folder (``config.json`` and
+    weights). A relative ``path`` is relative to the project."""
+    if not isinstance(model, Mapping):
+        path = Path(model)
+        if path.is_dir() or (path.suffix == ".json" and path.exists()):
+            folder = path if path.is_dir() else path.parent
+            return ResolvedModel(folder.name, read_hf_config(folder), folder, str(folder))
+        model = model_config(str(model))
+    name = model["name"]
+    if model.get("hf_config"):
+        return ResolvedModel(name, dict(model["hf_config"]), None, f"model={name}")
+    if not model.get("path"):
+        raise ValueError(f"model {name!r} needs hf_config or path")
+    folder = Path(_env_interpolation(str(model["path"])))
+    folder = folder if folder.is_absolute() else PROJECT_ROOT / folder
+    return ResolvedModel(name, read_hf_config(folder), folder, str(folder / "config.json"))
+
+
+def model_config(name: str) -> dict[str, Any]:
+    """``conf/model/<name>.yaml`` read without Hydra (the engine's offline API)."""
+    conf = MODEL_CONFIGS / f"{name}.yaml"
+    if not conf.exists():
+        raise FileNotFoundError(
+            f"model {name!r} is neither an HF folder nor a config in "
+            f"{conf.parent} (known: {sorted(p.stem for p in conf.parent.glob('*.yaml'))})"
+        )
+    return yaml.safe_load(conf.read_text())
+
+
+def read_hf_config(folder: Path) -> dict[str, Any]:
+    """An HF model folder's ``config.json`` (or that file itself)."""
+    file = folder / "config.json" if folder.is_dir() else folder
+    if not file.exists():
+        raise FileNotFoundError(f"no config.json at {file} (expected an HF model folder)")
+    try:
+        return json.loads(file.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{file}: malformed JSON ({e})") from e
+
+
+def _env_interpolation(text: str) -> str:
+    """Resolve ``${oc.env:VAR,default}`` as Hydra would (the engine runs without it)."""
+    return re.sub(
+        r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*),([^}]*)\}",
+        lambda m: os.environ.get(m.group(1), m.group(2)),
+        text,
+    )
+
+
+def models_dir() -> Path:
+    """Where shared model folders live: ``$TESTBED_MODELS_DIR`` or ``../shared/models``."""
+    default = PROJECT_ROOT.parent / "shared" / "models"
+    return Path(os.environ.get("TESTBED_MODELS_DIR", str(default)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,14 +132,6 @@ class ModelSpec:
             )
         except KeyError as e:
             raise ValueError(f"model config {name or ''} lacks field {e.args[0]!r}") from e
-
-    @classmethod
-    def from_path(cls, path: str | Path) -> ModelSpec:
-        path = Path(path)
-        file = path / "config.json" if path.is_dir() else path
-        if not file.exists():
-            raise FileNotFoundError(f"no config.json at {file}")
-        return cls.from_hf_config(json.loads(file.read_text()), name=path.name)
 
     # --- sizes ---
     @property

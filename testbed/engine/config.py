@@ -8,13 +8,12 @@ RMSNorm, SwiGLU and tied or untied embeddings.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from testbed.models import ModelSpec
+from testbed.models import ModelSpec, ResolvedModel, resolve_model
 
 SUPPORTED = {
     "LlamaForCausalLM": "llama",
@@ -108,15 +107,13 @@ class ModelConfig:
 
     @classmethod
     def from_path(cls, path: str | Path) -> ModelConfig:
-        path = Path(path)
-        file = path / "config.json" if path.is_dir() else path
-        if not file.exists():
-            raise FileNotFoundError(f"no config.json at {file} (expected an HF model folder)")
-        try:
-            data = json.loads(file.read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{file}: malformed JSON ({e})") from e
-        return cls.from_hf(data, source=str(file))
+        """The config of an HF model folder (or of its ``config.json``)."""
+        model = resolve_model(Path(path))
+        return cls.from_hf(model.hf_config, source=model.source)
+
+    @classmethod
+    def of(cls, model: ResolvedModel) -> ModelConfig:
+        return cls.from_hf(model.hf_config, source=model.source)
 
     @property
     def max_model_len(self) -> int:

@@ -25,7 +25,7 @@ def replay(
 ) -> RunResult:
     """Run ``requests`` through ``engine`` at their arrival times, on its wall clock.
     ``on_step`` sees every step's result (the profiler records them). With an
-    ``idle_probe`` (``testbed.profiling.profiler.IdleProbe``), the machine's speed is
+    ``idle_probe`` (``testbed.profiling.probes.IdleProbe``), the machine's speed is
     sampled while the engine waits for the next arrival: ``extra["idle_probe"]``
     holds (time, seconds) pairs."""
     clock = engine.clock

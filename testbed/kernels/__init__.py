@@ -3,7 +3,7 @@ same signature (the real engine's hot path; the references are what runs on CPU)
 
 Three operations, in two modules with identical signatures:
 
-- ``testbed.kernels.reference``: torch, any device; the definition of what is computed.
+- ``testbed.kernels.torch_attention``: torch, any device; the definition of what is computed.
 - ``testbed.kernels.triton_kernels``: Triton, CUDA tensors (or CPU tensors in the Triton
   interpreter, ``TRITON_INTERPRET=1`` set before it is imported); imported lazily.
 
@@ -29,14 +29,14 @@ from types import ModuleType
 
 import torch
 
-from testbed.kernels import reference
+from testbed.kernels import torch_attention
 
 __all__ = [
     "paged_attention_decode",
     "paged_attention_prefill",
-    "reference",
     "reshape_and_cache",
     "select_backend",
+    "torch_attention",
     "triton_kernels",
 ]
 
@@ -75,9 +75,9 @@ def select_backend(name: str = "auto", device: torch.device | str | None = None)
     device = torch.device(device)
     on_cuda = device.type == "cuda" and torch.cuda.is_available()
     if name == "torch":
-        return reference
+        return torch_attention
     if name == "auto":
-        return _triton_module() if on_cuda and triton_available() else reference
+        return _triton_module() if on_cuda and triton_available() else torch_attention
     if name != "triton":
         raise ValueError(f"unknown attention backend {name!r}: expected one of {BACKENDS}")
     if not triton_available():
@@ -126,7 +126,8 @@ def paged_attention_decode(
     *,
     max_context_len: int | None = None,
 ) -> torch.Tensor:
-    """One query token per sequence over its cached context (see ``testbed.kernels.reference``)."""
+    """One query token per sequence over its cached context (see
+    ``testbed.kernels.torch_attention``)."""
     return select_backend("auto", query.device).paged_attention_decode(
         query,
         key_cache,
@@ -150,7 +151,7 @@ def paged_attention_prefill(
     max_context_len: int | None = None,
 ) -> torch.Tensor:
     """Causal variable-length query chunks over a paged prefix (see
-    ``testbed.kernels.reference``)."""
+    ``testbed.kernels.torch_attention``)."""
     return select_backend("auto", query.device).paged_attention_prefill(
         query,
         key_cache,

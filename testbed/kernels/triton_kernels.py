@@ -1,4 +1,4 @@
-"""Triton paged-attention kernels, each beside its wrapper; ``testbed.kernels.reference`` says
+"""Triton paged-attention kernels, each beside its wrapper; ``testbed.kernels.torch_attention`` says
 what they compute (same signatures, same layouts).
 
 - ``reshape_and_cache``: one program per token copies its K and V heads into its slot.

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 
-from testbed.engine.llm import EngineArgs
-from testbed.profiling.profiler import GRID_CHOICES, report_profile, run_profile
+from testbed.engine.args import EngineArgs
+from testbed.profiling.fit_report import report_profile
+from testbed.profiling.grid import GRID_CHOICES
+from testbed.profiling.profiler import run_profile
 from testbed.signals import ended_by_interrupts
 
 

@@ -14,9 +14,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from omegaconf import DictConfig, OmegaConf
 
 from testbed.metrics.steplog import StepLog
-from testbed.report.rundir import _binned
+from testbed.report.plots import binned
 
 PROJECT = "llm-sched-testbed"
 
@@ -30,6 +31,32 @@ def _start(mode: str, directory: Path, **init: Any):
 
     directory.mkdir(parents=True, exist_ok=True)
     return wandb.init(mode=mode, dir=str(directory), reinit="finish_previous", **init)
+
+
+def logged_config(cfg: DictConfig, load: Mapping[str, Any]) -> dict[str, Any]:
+    """The resolved config as W&B records it: with ``load``, the rate it set."""
+    config = OmegaConf.to_container(cfg, resolve=True)
+    if load:
+        config["trace"]["rate"] = load["rate_req_s"]
+    return config
+
+
+def wandb_settings(cfg: DictConfig) -> dict[str, Any]:
+    """The logging config, with a sweep's defaults: its runs share a group (the sweep
+    folder) and are tagged with mode, policy and trace, so W&B compares them."""
+    wb = OmegaConf.to_container(cfg.logging.wandb, resolve=True)
+    wb["tags"] = list(wb.get("tags") or []) + [cfg.mode.name, cfg.policy.name, cfg.trace.name]
+    if wb.get("group") is None:
+        try:
+            from hydra.core.hydra_config import HydraConfig
+            from hydra.types import RunMode
+
+            hc = HydraConfig.get()
+            if hc.mode == RunMode.MULTIRUN:
+                wb["group"] = Path(hc.sweep.dir).name
+        except ValueError:  # not under Hydra (a test, a script)
+            pass
+    return wb
 
 
 def log_run(
@@ -60,7 +87,7 @@ def log_run(
     try:
         t = steps.column("start_s")
         series = {
-            k: _binned(t, steps.column(k).astype(np.float64), bins=1000)
+            k: binned(t, steps.column(k).astype(np.float64), bins=1000)
             for k in ("num_waiting", "num_reqs", "kv_usage", "latency_s")
         }
         times = series["num_reqs"][0]

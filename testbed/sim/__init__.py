@@ -1,28 +1,12 @@
 """The discrete-event simulator: simpy replicas running the shared control plane.
 
-Imports are lazy so that the latency models (``testbed.sim.latency``) load
-without simpy, e.g. on a bare GPU machine that only profiles.
+* ``simulator``: the simpy processes (arrivals, a router, replicas stepping);
+* ``executor``: ``SimExecutor``, a step that lasts what the latency model predicts;
+* ``latency``: the step features and the latency model's interface;
+  ``roofline`` and ``profile_model`` (fitted by ``fitting``) implement it,
+  ``predictor`` picks one for a run;
+* ``speed``: the machine's speed over simulated time (``mode.speed_trace``);
+* ``run_speed``: a real run's speed against a latency model.
+
+Only ``simulator`` imports simpy: a bare machine that only profiles loads the rest.
 """
-
-from testbed.sim.latency import HardwareSpec, ProfileModel, RooflineModel, make_latency_model
-
-__all__ = [
-    "HardwareSpec",
-    "ProfileModel",
-    "RooflineModel",
-    "SimExecutor",
-    "Simulation",
-    "make_latency_model",
-]
-
-
-def __getattr__(name: str):
-    if name == "SimExecutor":
-        from testbed.sim.executor import SimExecutor
-
-        return SimExecutor
-    if name == "Simulation":
-        from testbed.sim.simulator import Simulation
-
-        return Simulation
-    raise AttributeError(f"module 'testbed.sim' has no attribute {name!r}")

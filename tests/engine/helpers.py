@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from testbed.engine.model import AttentionMetadata, CausalLM
-from testbed.kernels import reference as torch_reference
+from testbed.kernels import torch_attention as torch_reference
 
 TINY = dict(
     hidden_size=64,

@@ -8,7 +8,8 @@ import random
 import pytest
 
 from testbed.core import SamplingParams
-from testbed.engine.llm import LLM, models_dir
+from testbed.engine.llm import LLM
+from testbed.models import models_dir
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 

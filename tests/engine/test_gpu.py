@@ -36,10 +36,10 @@ def test_same_greedy_tokens_with_either_attention_backend(dtype):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_dummy_weights_are_made_on_the_device_in_its_dtype():
-    from testbed.engine.llm import resolve_model
+    from testbed.engine.factory import engine_model
     from testbed.engine.weights import build_model
 
-    cfg, _, _ = resolve_model("dummy-llama")
+    cfg, _, _ = engine_model("dummy-llama")
     a = build_model(cfg, None, torch.bfloat16, torch.device("cuda"), seed=5)
     b = build_model(cfg, None, torch.bfloat16, torch.device("cuda"), seed=5)
     for (name, p), q in zip(a.named_parameters(), b.parameters(), strict=True):

@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from testbed.engine.config import ModelConfig
-from testbed.engine.llm import models_dir, resolve_model
+from testbed.engine.factory import engine_model
 from testbed.engine.model import CausalLM
 from testbed.engine.weights import build_model
+from testbed.models import models_dir
 from tests.engine.helpers import ARCHS, run_prefill, write_hf_model
 
 PROMPT = [1, 17, 250, 3, 99, 42, 7, 7, 8, 120, 33, 5, 64, 200, 11, 2, 150, 6, 9, 10, 12, 13, 14]
@@ -48,7 +49,7 @@ def test_logits_match_transformers_on_the_shared_tinystories_model():
 def test_cpu_logits_of_few_rows_equal_the_plain_product():
     # On a CPU, up to cpu_wide_logits_rows rows take W·hᵀ (a faster MKL path):
     # the same logits, row for row, as the plain h·Wᵀ, and a contiguous tensor.
-    cfg, _, _ = resolve_model("dummy-llama")
+    cfg, _, _ = engine_model("dummy-llama")
     model = build_model(cfg, None, torch.float32, torch.device("cpu"))
     w = model.lm_head.weight
     wide = CausalLM.cpu_wide_logits_rows
@@ -65,7 +66,7 @@ def test_dummy_weights_in_a_low_precision_dtype_are_the_float32_ones_rounded():
     # the same seed gives the same values as the float32 model's, rounded.
     from testbed.engine.weights import init_dummy
 
-    cfg, _, _ = resolve_model("dummy-llama")
+    cfg, _, _ = engine_model("dummy-llama")
     full = build_model(cfg, None, torch.float32, torch.device("cpu"), seed=3)
     with torch.device("meta"):
         half = CausalLM(cfg)

@@ -7,15 +7,12 @@ import pandas as pd
 import pytest
 import torch
 
-from testbed.profiling.profiler import (
-    FIT_WARN,
-    GRIDS,
-    fit_check,
-    machine_name,
-    profile_machine,
-)
-from testbed.runner import run_from_config
-from testbed.sim.latency import ProfileModel, read_profile_header
+from testbed.engine.device import machine_name
+from testbed.job import run_from_config
+from testbed.profile_table import profile_machine, read_profile_header
+from testbed.profiling.fit_report import FIT_WARN, fit_check
+from testbed.profiling.grid import GRIDS
+from testbed.sim.profile_model import ProfileModel
 from tests.sim.helpers import compose_cfg
 
 
@@ -101,7 +98,7 @@ def test_merged_passes_fit_the_mean_speed_and_keep_every_row(tmp_path):
     between theirs: the machine's speed averaged over the passes."""
     import numpy as np
 
-    from testbed.profiling.profiler import merge_profiles, write_profile
+    from testbed.profile_table import merge_profiles, write_profile
 
     rng = np.random.default_rng(1)
     reqs = rng.integers(1, 64, 40)
@@ -178,9 +175,9 @@ def test_an_interrupted_profile_writes_what_it_measured_apart(tmp_path, monkeypa
     # Stopped part-way (Ctrl-C, or SIGTERM from a timeout), the profiler writes the
     # rows it measured to <model>.partial.csv, which the simulator never reads, says
     # how far it got, and re-raises; no <model>.csv appears.
-    from testbed.engine import replay as replay_module
-    from testbed.engine.llm import EngineArgs
+    from testbed.engine.args import EngineArgs
     from testbed.profiling import profiler
+    from testbed.profiling import replay_steps as replay_module
 
     measure = profiler.measure_point
     calls = []
@@ -240,7 +237,7 @@ def test_an_interrupted_profile_writes_what_it_measured_apart(tmp_path, monkeypa
 
 
 def test_the_auto_grid_is_the_gpu_grid_on_a_gpu_and_the_default_elsewhere():
-    from testbed.profiling.profiler import grid_points
+    from testbed.profiling.grid import grid_points
 
     assert grid_points("auto", "cpu") == ("default", GRIDS["default"])
     assert grid_points("auto", "cuda")[0] == "gpu"
@@ -260,7 +257,7 @@ def test_the_auto_grid_is_the_gpu_grid_on_a_gpu_and_the_default_elsewhere():
 
 def test_the_grid_interleaves_decode_points_and_points_with_a_prefill():
     # A drift of the machine's speed over a pass then moves both kinds alike.
-    from testbed.profiling.profiler import interleave
+    from testbed.profiling.grid import interleave
 
     assert interleave([1, 2, 3, 4], ["a", "b"]) == [1, "a", 2, 3, "b", 4]
     assert interleave([], ["a"]) == ["a"] and interleave([1], []) == [1]
@@ -277,8 +274,10 @@ def test_the_profilers_kv_cache_holds_each_point_not_the_largest_batch_at_the_lo
     # larger of the two (on a GPU, 256 decoders of 1024 tokens and 4 of 4096
     # need 35 GB of an 8B model's cache, not 137 GB), and every point is measured
     # as asked, none of its decoders preempted.
-    from testbed.engine.llm import EngineArgs, build_engine
-    from testbed.profiling.profiler import Point, fit_args, measure_point
+    from testbed.engine.args import EngineArgs
+    from testbed.engine.factory import build_engine
+    from testbed.profiling.grid import Point, fit_args
+    from testbed.profiling.measure import measure_point
 
     grid = [Point(24, 200, 0), Point(2, 1500, 0), Point(0, 0, 1200), Point(4, 200, 600)]
     args = EngineArgs(model="dummy-llama", device="cpu", block_size=16)
@@ -300,8 +299,10 @@ def test_a_prefill_after_a_cached_prefix_computes_only_its_new_tokens():
     # context beside few tokens computed, which no prefill from scratch shows.
     from dataclasses import replace
 
-    from testbed.engine.llm import EngineArgs, build_engine
-    from testbed.profiling.profiler import Point, fit_args, measure_point
+    from testbed.engine.args import EngineArgs
+    from testbed.engine.factory import build_engine
+    from testbed.profiling.grid import Point, fit_args
+    from testbed.profiling.measure import measure_point
 
     grid = [Point(0, 0, 48, 320), Point(3, 64, 32, 512)]
     args = EngineArgs(model="dummy-llama", device="cpu", block_size=16)
@@ -323,7 +324,7 @@ def test_a_prefill_after_a_cached_prefix_computes_only_its_new_tokens():
 
 
 def test_a_profile_past_its_grid_time_limit_skips_the_rest_names_them_and_still_replays(tmp_path):
-    from testbed.engine.llm import EngineArgs
+    from testbed.engine.args import EngineArgs
     from testbed.profiling.profiler import run_profile
 
     path = run_profile(
@@ -353,8 +354,9 @@ def test_the_sparse_replay_decodes_small_batches_across_contexts():
     """The replay at the default rate fills the batch (one request decodes alone
     only at the end); the sparse one runs its requests mostly alone, so its
     one-request decodes cover each request's whole context range."""
-    from testbed.engine.llm import EngineArgs, build_engine
-    from testbed.profiling.profiler import SPARSE_RATE, measure_replay
+    from testbed.engine.args import EngineArgs
+    from testbed.engine.factory import build_engine
+    from testbed.profiling.replay_steps import SPARSE_RATE, measure_replay
 
     engine, _, cfg = build_engine(EngineArgs(model="dummy-llama", device="cpu"))
     rows = measure_replay(

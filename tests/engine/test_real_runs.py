@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 import torch
 
-from testbed.profiling.profiler import machine_name
-from testbed.runner import run_from_config
+from testbed.engine.device import machine_name
+from testbed.job import run_from_config
 from tests.sim.helpers import compose_cfg
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,8 +72,8 @@ def test_real_run_writes_the_simulators_run_directory(tmp_path):
 def test_a_real_run_says_how_fast_its_machine_ran_against_the_profile(tmp_path):
     """speed_vs_profile: the run's busy time over its hardware's profile's
     prediction of the steps it logged; no such keys without a profile."""
-    from testbed.runner import latency_model
-    from testbed.sim.latency import predict_logged_steps
+    from testbed.build import latency_model
+    from testbed.sim.run_speed import predict_logged_steps
 
     cfg = compose_cfg("mode=real", *SHORT)
     model = latency_model(cfg)
@@ -195,17 +195,19 @@ def test_a_finished_real_run_leaves_no_engine_alive(tmp_path, monkeypatch):
     import gc
     import weakref
 
-    from testbed.engine import llm
+    from testbed.modes import real
+    from testbed.profiling import probes
 
     built = []
-    real_build = llm.build_engine
+    real_build = real.build_engine
 
     def build(*args, **kwargs):
         engine, executor, cfg = real_build(*args, **kwargs)
         built.append((weakref.ref(engine), weakref.ref(executor), weakref.ref(executor.model)))
         return engine, executor, cfg
 
-    monkeypatch.setattr(llm, "build_engine", build)
+    monkeypatch.setattr(real, "build_engine", build)
+    monkeypatch.setattr(probes, "build_engine", build)
     for name in ("a", "b"):
         m = run_from_config(
             compose_cfg("mode=real", "mode.idle_probe=true", *SHORT), tmp_path / name

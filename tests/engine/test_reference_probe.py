@@ -9,7 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from testbed.profiling.reference import (
+from testbed.job import run_from_config
+from testbed.profile_table import read_profile_header
+from testbed.profiling.reference_probe import (
     BUSY_COVER,
     ReferenceProbe,
     beside_busy,
@@ -17,8 +19,6 @@ from testbed.profiling.reference import (
     busy_median,
     sample_table,
 )
-from testbed.runner import run_from_config
-from testbed.sim.latency import read_profile_header
 from tests.sim.helpers import compose_cfg
 
 CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
@@ -51,7 +51,7 @@ def test_busy_cover_is_the_fraction_of_each_sample_beside_an_execution():
 
 
 def test_the_reference_must_run_on_cores_the_engine_does_not_use():
-    from testbed.engine.llm import EngineArgs
+    from testbed.engine.args import EngineArgs
 
     with pytest.raises(ValueError, match=r"overlaps hardware\.cpus"):
         ReferenceProbe(EngineArgs(model="dummy-llama", cpus=[0, 1]), None, [1])
@@ -97,7 +97,7 @@ def test_a_real_run_records_the_reference_beside_its_busy_steps(tmp_path):
 
 @two_cores
 def test_a_profile_records_the_reference_median_in_its_header(tmp_path):
-    from testbed.engine.llm import EngineArgs
+    from testbed.engine.args import EngineArgs
     from testbed.profiling.profiler import run_profile
 
     path = run_profile(
@@ -135,7 +135,7 @@ def test_the_reference_header_splits_the_samples_by_phase():
 
     import numpy as np
 
-    from testbed.profiling.profiler import reference_header
+    from testbed.profiling.reference_probe import reference_header
 
     ends = np.arange(1.0, 31.0)  # grid before 10 s, replay 10-20 s, then the tail
     seconds = np.where(ends < 10, 0.01, np.where(ends < 20, 0.02, 0.05))

@@ -24,7 +24,8 @@ import pandas as pd
 import pytest
 
 from experiments.fidelity import busy_steps, capacity, compare, scaled_errors, step_errors
-from testbed.runner import latency_model, run_from_config
+from testbed.build import latency_model
+from testbed.job import run_from_config
 from testbed.sim.speed import SpeedTrace
 from tests.sim.helpers import ROOT, compose_cfg
 
@@ -191,8 +192,7 @@ def test_fidelity_script_end_to_end_then_reanalysed_from_its_real_runs(
     assert list(partial["policy"]) == ["fcfs"] and "real_runs" not in partial.columns
     assert partial.iloc[0]["real_tpot_s_mean"] == pytest.approx(tpot[0], rel=1e-5)
     # Profiler passes at two speeds: one simulation per pass, their metrics averaged.
-    from testbed.profiling.profiler import write_profile
-    from testbed.sim.latency import read_profile_header
+    from testbed.profile_table import read_profile_header, write_profile
 
     committed = fidelity.ROOT / "profiles" / "cpu" / "dummy-llama.csv"
     table = pd.read_csv(committed, comment="#")
@@ -222,7 +222,7 @@ def test_fidelity_script_end_to_end_then_reanalysed_from_its_real_runs(
 
 def write_probe_profile(profiles: Path, header: dict) -> None:
     """The committed CPU profile's rows under ``profiles`` with ``header``."""
-    from testbed.profiling.profiler import write_profile
+    from testbed.profile_table import write_profile
 
     committed = ROOT / "profiles" / "cpu" / "dummy-llama.csv"
     write_profile(profiles / "cpu" / "dummy-llama.csv", header, pd.read_csv(committed, comment="#"))
@@ -233,7 +233,7 @@ def run_with_probe(tmp_path, monkeypatch, key: str, value: str, options: list, e
     recording the probe ``key`` as ``value``: (its fidelity.csv row, its runs
     folder, its argv, the header)."""
     from experiments import fidelity
-    from testbed.sim.latency import read_profile_header
+    from testbed.profile_table import read_profile_header
 
     header = read_profile_header(ROOT / "profiles" / "cpu" / "dummy-llama.csv")
     header[key] = value
@@ -345,8 +345,9 @@ def test_idle_probe_tracking_compares_the_probe_with_the_runs_own_speed(tmp_path
     import numpy as np
 
     from experiments import idle_probe_tracking as tracking
-    from testbed.profiling.profiler import write_profile
-    from testbed.sim.latency import ProfileModel, predict_logged_steps, read_profile_header
+    from testbed.profile_table import read_profile_header, write_profile
+    from testbed.sim.profile_model import ProfileModel
+    from testbed.sim.run_speed import predict_logged_steps
 
     committed = tracking.ROOT / "profiles" / "cpu1" / "dummy-llama.csv"
     runs = tmp_path / "runs"
@@ -558,7 +559,7 @@ def test_fidelity_script_simulates_each_pair_at_its_neighbours_speed(tmp_path, m
     first after), which only serve as neighbours; each pair is also simulated at
     the mean own speed of the other policies' runs around its own."""
     from experiments import fidelity
-    from testbed.runner import latency_model
+    from testbed.build import latency_model
 
     argv = ["fidelity.py", "--policies", "fcfs", "sjf", "--traces", "synthetic", "--edges"]
     argv += ["--num-requests", "12", "--wandb", "disabled", "--out", str(tmp_path / "out")]

@@ -18,7 +18,7 @@ if os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("needs TRITON_INTERPRET=1 set before import", allow_module_level=True)
 
 from testbed import kernels
-from testbed.kernels import reference
+from testbed.kernels import torch_attention as reference
 from tests.kernels.cases import assert_close, chunk_lens, make_case
 
 tk = kernels.select_backend("triton", "cpu")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from testbed import kernels
-from testbed.kernels import reference
+from testbed.kernels import torch_attention as reference
 from tests.kernels.cases import make_case
 
 

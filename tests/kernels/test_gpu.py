@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from testbed.kernels import reference
+from testbed.kernels import torch_attention as reference
 from tests.kernels.cases import TOLERANCE
 
 pytestmark = [

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from testbed.kernels import reference
+from testbed.kernels import torch_attention as reference
 from tests.kernels.cases import (
     assert_close,
     chunk_lens,

@@ -19,9 +19,12 @@ from testbed.core import (
     Scheduler,
     SchedulerConfig,
 )
+from testbed.hardware import HardwareSpec
+from testbed.job import run_from_config
 from testbed.models import ModelSpec
-from testbed.runner import run_from_config
-from testbed.sim import HardwareSpec, SimExecutor, Simulation, make_latency_model
+from testbed.sim.executor import SimExecutor
+from testbed.sim.predictor import make_latency_model
+from testbed.sim.simulator import Simulation
 
 CONF = "conf"
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from testbed.build import model_spec, run_trace
 from testbed.capacity import (
     SUSTAINED,
     WARM_UP,
@@ -16,7 +17,6 @@ from testbed.capacity import (
     search_config,
     sustains,
 )
-from testbed.runner import model_spec, run_trace
 from tests.sim.helpers import QUIET, compose_cfg, run
 from traces.transforms import mean_rate
 
@@ -135,7 +135,8 @@ class Failing:
 
 @pytest.mark.parametrize("exc", [KeyboardInterrupt(), RuntimeError("boom")])
 def test_a_search_interrupted_or_failing_stops_and_caches_nothing(tmp_path, monkeypatch, exc):
-    monkeypatch.setattr("testbed.runner.latency_model", lambda cfg, spec=None: Failing(exc))
+    for module in ("testbed.capacity", "testbed.modes.sim"):  # the cache key's, the search's
+        monkeypatch.setattr(f"{module}.latency_model", lambda cfg, spec=None: Failing(exc))
     cfg = compose_cfg(*QUIET, *SHORT, "load=0.7", f"capacity_cache={tmp_path}")
     with pytest.raises(type(exc)):
         scaled_to_load(cfg, model_spec(cfg.model))

@@ -6,7 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from testbed.sim.latency import ProfileModel, decode_latencies, nnls
+from testbed.sim.fitting import nnls
+from testbed.sim.latency import decode_latencies
+from testbed.sim.profile_model import ProfileModel
 from tests.sim.helpers import latency_model
 
 
@@ -165,7 +167,7 @@ def test_profile_model_fits_a_gpus_weight_bound_then_compute_bound_steps(tmp_pat
     # follow. Steps shaped so (the H200 roofline for Llama-3-8B as the truth, on
     # the profiler's gpu grid and replay-like mixes) are fitted to within a few
     # percent, decodes of 1-256 requests and 2048-token chunks alike.
-    from testbed.profiling.profiler import GRIDS
+    from testbed.profiling.grid import GRIDS
 
     truth = latency_model("llama3-8b", "h200")
     rng = np.random.default_rng(0)
@@ -272,7 +274,7 @@ def test_a_real_runs_speed_against_its_profile_is_its_busy_time_over_the_predict
     them, overall and per minute; idle steps do not count; a StepLog and its
     steps.csv frame give the same answer."""
     from testbed.metrics.steplog import StepLog
-    from testbed.sim.latency import predict_logged_steps, speed_against
+    from testbed.sim.run_speed import predict_logged_steps, speed_against
 
     rows = [(r, r * t, r * t * 300.0, r * 300, 1e-3 + 1e-4 * r + 1e-6 * r * t)
             for r in (1, 2, 4, 8, 16) for t in (1, 16, 64)]  # fmt: skip

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from policies.fcfs import FCFS
-from testbed.runner import run_from_config
+from testbed.job import run_from_config
 from tests.sim.helpers import QUIET, compose_cfg, run
 from traces import traces_dir
 
@@ -175,7 +175,7 @@ def test_hydra_sweeps_with_the_basic_and_joblib_launchers(tmp_path):
         assert res.returncode == 0, res.stderr[-2000:]
         policies = sorted(json.loads(p.read_text())["policy"] for p in out.glob("*/metrics.json"))
         assert policies == ["fcfs", "sjf"]
-        # The sweep's summary (testbed/sweep.py, a Hydra callback): a row per run.
+        # The sweep's summary (testbed/report/sweep.py, a Hydra callback): a row per run.
         summary = pd.read_csv(out / "sweep_summary.csv")
         assert sorted(summary["policy"]) == ["fcfs", "sjf"], launcher
         assert "sweep_summary.csv" in res.stdout

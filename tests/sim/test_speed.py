@@ -10,7 +10,8 @@ import pytest
 
 from policies import make_policy
 from testbed.core import EngineCore, KVCacheManager, Scheduler, SchedulerConfig
-from testbed.sim import SimExecutor, Simulation
+from testbed.sim.executor import SimExecutor
+from testbed.sim.simulator import Simulation
 from testbed.sim.speed import SpeedTrace
 from tests.sim.helpers import latency_model, observable, random_requests, run
 

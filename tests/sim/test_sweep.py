@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from testbed.sweep import fidelity_pairs, summary, sweep_runs, write_summary
+from testbed.report.sweep import fidelity_pairs, summary, sweep_runs, write_summary
 
 
 def job(sweep, num, mode, policy, speed=None, overrides=(), **metrics):

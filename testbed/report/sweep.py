@@ -12,7 +12,7 @@ there. Two checks a sweep needs:
   profile's speed, so on a machine that moved the error is partly the machine's
   (``experiments/fidelity.py`` separates the two);
 * real runs whose steps took different multiples of their profile's prediction
-  (``speed_vs_profile``, see :func:`testbed.sim.latency.speed_against`) are
+  (``speed_vs_profile``, see :func:`testbed.sim.run_speed.speed_against`) are
   flagged: on a shared machine, what separates two real runs is partly the
   machine, not the policy.
 

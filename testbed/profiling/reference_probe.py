@@ -14,7 +14,7 @@ against the reference's, averaged over an experiment's runs, moved from +2.7% to
 (experiments/results/fidelity_cpu1_level/).
 
 :class:`ReferenceProbe` runs that loop in a child process pinned to the
-reference cores: the :class:`~testbed.profiling.profiler.IdleProbe` step on the
+reference cores: the :class:`~testbed.profiling.probes.IdleProbe` step on the
 engine's model, repeated back to back, each execution timed on the system-wide
 monotonic clock (``time.perf_counter``). The samples are read beside a busy
 engine only (:func:`busy_cover`): a real run knows its busy time from its own
@@ -28,6 +28,7 @@ share more (hyperthreads of one core) would show it.
 
 from __future__ import annotations
 
+import math
 import multiprocessing as mp
 import signal
 import time
@@ -37,6 +38,10 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
+from testbed.engine.device import pick_device
+from testbed.engine.factory import build_engine
+from testbed.profiling.probes import IdleProbe
+
 BUSY_COVER = 0.9  # a sample counts as beside a busy engine when at least this much of it was
 READY_TIMEOUT_S = 600.0  # the child builds an engine; on a slow VM that can take minutes
 
@@ -44,9 +49,6 @@ READY_TIMEOUT_S = 600.0  # the child builds an engine; on a slow VM that can tak
 def _loop(args, model, cpus: list[int], ready, stop, conn) -> None:
     """The child: build the engine pinned to ``cpus``, then time the probe step
     back to back until ``stop``; send (end time, seconds) rows."""
-    from testbed.engine.llm import build_engine
-    from testbed.profiling.profiler import IdleProbe
-
     # Ctrl-C reaches the whole process group: the parent stops the loop (and
     # keeps its samples) when its own run ends, interrupted or not.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -72,8 +74,6 @@ class ReferenceProbe:
     def __init__(self, args, model, cpus: Sequence[int]) -> None:
         if not cpus:
             raise ValueError("hardware.reference_cpus: give at least one core number")
-        from testbed.engine.llm import pick_device
-
         device = pick_device(args.device)
         if device.type != "cpu":
             raise ValueError(
@@ -178,3 +178,39 @@ def busy_median(table: pd.DataFrame) -> tuple[float, int]:
     their number); NaN, 0 where there are none."""
     busy = beside_busy(table)["probe_s"]
     return (float(busy.median()), len(busy)) if len(busy) else (float("nan"), 0)
+
+
+def reference_key(header: dict[str, str], phase: str = "replay") -> str:
+    """The key of a profile header's reference probe during ``phase`` ("grid" or
+    "replay", as :func:`reference_header` writes them), or of the whole profile's
+    (``reference_probe_s``) where the header does not split it: tables measured
+    before the split, or merged from passes that did not all have it."""
+    key = f"reference_probe_{phase}_s"
+    return key if key in header else "reference_probe_s"
+
+
+def reference_header(
+    reference: ReferenceProbe | None, replay_start: float = math.inf, replay_end: float = math.inf
+) -> dict:
+    """The profile header's ``reference_probe_s`` (none without the reference),
+    and the same median over the grid's samples (those ending before
+    ``replay_start``) and over the replay's (ending from ``replay_start`` to
+    ``replay_end``; ``time.perf_counter`` readings): ``reference_probe_replay_s``
+    is the machine's speed while the steps that set the latency model's level
+    ran (:class:`~testbed.sim.profile_model.ProfileModel`). The idle tail and the
+    closing speed probe count in the whole median only."""
+    if reference is None:
+        return {}
+    table = sample_table(reference.samples, reference.busy)
+    median, n = busy_median(table)
+    header = {
+        "reference_probe_s": f"{median:.6g} (median of {n} samples beside the busy engine, "
+        f"of {len(reference.samples)}, on cores {reference.cpus})"
+    }
+    t = table["time_s"]
+    grid, replay = table[t < replay_start], table[(t >= replay_start) & (t < replay_end)]
+    for phase, rows in (("grid", grid), ("replay", replay)):
+        median, n = busy_median(rows)
+        if n:
+            header[f"reference_probe_{phase}_s"] = f"{median:.6g} (median of {n} samples)"
+    return header

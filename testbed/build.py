@@ -1,0 +1,175 @@
+"""Builders: each object of a run from its resolved Hydra config, in one place.
+
+The model (its shape for the simulator, its config and weights folder for the
+engine), the hardware, the KV cache's size, the scheduler's and the real
+engine's options, the latency model and the machine's speed, the trace and its
+requests. The modes (``testbed.modes``) and the capacity search call these;
+nothing here runs anything. No torch: a simulation never imports it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from testbed.core import SchedulerConfig
+from testbed.engine.args import EngineArgs
+from testbed.hardware import HardwareSpec
+from testbed.models import PROJECT_ROOT, ModelSpec, ResolvedModel, num_kv_blocks, resolve_model
+from testbed.sim.latency import LatencyModel
+from testbed.sim.predictor import make_latency_model
+from testbed.sim.speed import SpeedTrace
+from testbed.workload import to_requests
+from traces import load_trace
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from testbed.core import Request
+
+
+def in_project(path: str | Path) -> Path:
+    """``path``, relative to the project where it is not absolute."""
+    path = Path(path)
+    return path if path.is_absolute() else PROJECT_ROOT / path
+
+
+# --- the model and the machine ---
+
+
+def run_model(cfg: DictConfig) -> ResolvedModel:
+    """The run's model (``cfg.model``): its name, HF config and weights folder."""
+    return resolve_model(OmegaConf.to_container(cfg.model, resolve=True))
+
+
+def model_spec(model: Mapping[str, Any]) -> ModelSpec:
+    """The shape of a model config group entry (``cfg.model``)."""
+    if isinstance(model, DictConfig):
+        model = OmegaConf.to_container(model, resolve=True)
+    return resolve_model(model).spec()
+
+
+def hardware_spec(cfg: DictConfig) -> HardwareSpec:
+    return HardwareSpec.from_config(cfg.hardware)
+
+
+def kv_blocks(
+    engine: Mapping[str, Any],
+    spec: ModelSpec,
+    hw: HardwareSpec,
+    dtype: str,
+    kv_cache_bytes: float | None,
+) -> int:
+    """The engine's KV blocks: as configured, or derived from memory (both modes)."""
+    if engine.get("num_kv_blocks"):
+        return int(engine["num_kv_blocks"])
+    return num_kv_blocks(
+        spec,
+        dtype,
+        engine["block_size"],
+        hw.memory_bytes,
+        engine["gpu_memory_utilization"],
+        hw.activation_reserve_bytes,
+        engine.get("kv_cache_bytes") or kv_cache_bytes,
+    )
+
+
+# --- the engine ---
+
+
+def scheduler_config(engine: Mapping[str, Any], max_model_len: int) -> SchedulerConfig:
+    return SchedulerConfig(
+        max_num_batched_tokens=engine["max_num_batched_tokens"],
+        max_num_seqs=engine["max_num_seqs"],
+        max_model_len=max_model_len,
+        enable_chunked_prefill=engine["enable_chunked_prefill"],
+        long_prefill_token_threshold=engine["long_prefill_token_threshold"],
+        num_lookahead_tokens=engine["num_speculative_tokens"],
+    )
+
+
+def policy_config(cfg: DictConfig) -> dict[str, Any]:
+    """The policy group entry as ``policies.make_policy`` takes it."""
+    return OmegaConf.to_container(cfg.policy, resolve=True)
+
+
+def engine_args(cfg: DictConfig) -> EngineArgs:
+    """The real engine's options from the engine, hardware, mode and policy groups."""
+    e = cfg.engine
+    return EngineArgs(
+        model=cfg.model.name,
+        policy=policy_config(cfg),
+        max_num_seqs=e.max_num_seqs,
+        max_num_batched_tokens=e.max_num_batched_tokens,
+        block_size=e.block_size,
+        enable_prefix_caching=e.enable_prefix_caching,
+        enable_chunked_prefill=e.enable_chunked_prefill,
+        long_prefill_token_threshold=e.long_prefill_token_threshold,
+        max_model_len=e.max_model_len,
+        num_kv_blocks=e.num_kv_blocks,
+        kv_cache_bytes=e.kv_cache_bytes or cfg.hardware.get("kv_cache_bytes"),
+        gpu_memory_utilization=e.gpu_memory_utilization,
+        device=cfg.mode.get("device"),
+        attention_backend=e.attention_backend,
+        threads=cfg.hardware.get("threads"),
+        cpus=cfg.hardware.get("cpus"),
+        seed=cfg.seed,
+    )
+
+
+# --- the simulator's step latencies ---
+
+
+def latency_model(cfg: DictConfig, spec: ModelSpec | None = None) -> LatencyModel:
+    """The simulator's latency model for this config: the profile of its hardware
+    and model where one exists, else the roofline model."""
+    spec = spec or model_spec(cfg.model)
+    return make_latency_model(
+        spec, hardware_spec(cfg), cfg.model.dtype, in_project(cfg.profiles_dir)
+    )
+
+
+def speed_trace(cfg: DictConfig) -> SpeedTrace | None:
+    """The run's ``mode.speed_trace`` (a CSV; relative to the working directory), if any."""
+    path = cfg.mode.get("speed_trace")
+    return SpeedTrace.from_csv(Path(path).resolve()) if path else None
+
+
+def machine_speed(cfg: DictConfig, trace: SpeedTrace | None) -> SpeedTrace | None:
+    """What the simulated steps are multiplied by: the speed trace times
+    ``mode.latency_scale`` (a machine slower or faster than when profiled), the
+    scale alone without a trace, or nothing."""
+    scale = float(cfg.mode.get("latency_scale", 1.0))
+    if trace is not None:
+        return trace.scaled(scale) if scale != 1.0 else trace
+    return SpeedTrace.constant(scale) if scale != 1.0 else None
+
+
+# --- the workload ---
+
+
+def trace_options(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in cfg.items() if k != "name" and v is not None}
+
+
+def run_trace(cfg: DictConfig, rate: float | None = None) -> pd.DataFrame:
+    """The run's trace, rescaled to ``rate`` req/s where given."""
+    options = trace_options(OmegaConf.to_container(cfg.trace, resolve=True))
+    if rate is not None:
+        options["rate"] = rate
+    return load_trace(cfg.trace.name, **options)
+
+
+def load_requests(
+    cfg: DictConfig, spec: ModelSpec, rate: float | None = None
+) -> tuple[pd.DataFrame, list[Request]]:
+    """The run's trace (:func:`run_trace`) and its requests, with token ids for
+    the real engine."""
+    trace = run_trace(cfg, rate)
+    requests = to_requests(
+        trace, with_tokens=cfg.mode.name == "real", vocab_size=spec.vocab_size, seed=cfg.seed
+    )
+    return trace, requests

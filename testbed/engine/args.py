@@ -1,0 +1,35 @@
+"""What builds one real engine instance (names as in vLLM). Pure Python: a
+simulation builds these from its config without importing torch."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+CPU_KV_CACHE_BYTES = 512 * 2**20  # a CPU engine's KV cache unless kv_cache_bytes says
+
+
+@dataclass
+class EngineArgs:
+    """Everything that builds one real engine instance (names as in vLLM)."""
+
+    model: str
+    policy: Any = "fcfs"
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+    max_model_len: int | None = None
+    num_kv_blocks: int | None = None
+    kv_cache_bytes: int | None = None  # on CPU, 512 MiB unless set
+    gpu_memory_utilization: float = 0.9
+    device: str | None = None  # default: cuda when available
+    dtype: str | None = None  # default: float32 on CPU, bfloat16 on CUDA
+    attention_backend: str = "auto"  # auto | triton | torch
+    threads: int | None = None  # torch's intra-op threads on CPU; default: torch's (one per core)
+    cpus: Sequence[int] | None = None  # cores the process is pinned to (Linux); default: any
+    seed: int = 0
+    extra: dict = field(default_factory=dict)

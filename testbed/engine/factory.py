@@ -1,0 +1,114 @@
+"""Build one real engine: model and weights, KV cache sized for the device,
+scheduler with its policy, executor with its attention backend, on a clock."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from policies import make_policy
+from testbed.core import EngineCore, KVCacheManager, Request, Scheduler, SchedulerConfig, WallClock
+from testbed.engine.args import CPU_KV_CACHE_BYTES, EngineArgs
+from testbed.engine.config import ModelConfig
+from testbed.engine.device import pick_device, pick_dtype, pin_cpus
+from testbed.engine.executor import ModelExecutor
+from testbed.engine.model import CausalLM
+from testbed.engine.weights import build_model
+from testbed.kernels import select_backend
+from testbed.models import ModelSpec, num_kv_blocks, resolve_model
+
+
+def engine_model(model: Mapping[str, Any] | str | Path) -> tuple[ModelConfig, Path | None, str]:
+    """(config, weights folder or None for dummy weights, name) of what
+    :func:`~testbed.models.resolve_model` accepts: a model config group entry, a
+    ``conf/model/`` name or an HF folder."""
+    resolved = resolve_model(model)
+    return ModelConfig.of(resolved), resolved.folder, resolved.name
+
+
+def token_validator(vocab_size: int) -> Callable[[Request], str | None]:
+    def validate(req: Request) -> str | None:
+        ids = req.prompt_token_ids
+        if ids is None:
+            return "the real engine needs prompt token ids"
+        bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            return f"token id {bad} outside the vocabulary of {vocab_size}"
+        return None
+
+    return validate
+
+
+def build_engine(
+    args: EngineArgs,
+    clock=None,
+    model: tuple[ModelConfig, Path | None, str] | None = None,
+    weights: CausalLM | None = None,
+) -> tuple[EngineCore, ModelExecutor, ModelConfig]:
+    """One real engine. ``model`` (config, weights folder, name) overrides ``args.model``;
+    ``weights``, an already built model of that config, is shared instead of built
+    again (with its own KV cache, scheduler and sampler)."""
+    cfg, folder, name = model or engine_model(args.model)
+    device = pick_device(args.device)
+    if args.threads is not None and device.type == "cpu":
+        if not isinstance(args.threads, int) or args.threads < 1:
+            raise ValueError(f"threads must be a positive integer, got {args.threads!r}")
+        torch.set_num_threads(args.threads)
+    if args.cpus is not None:
+        pin_cpus(args.cpus)
+    dtype = pick_dtype(args.dtype, device)
+    if device.type == "cuda":
+        # An engine of an earlier run in this process (a sweep, an experiment's
+        # runs) may still hold its weights and cache, kept alive by reference
+        # cycles: free them before taking most of the card again.
+        gc.collect()
+        torch.cuda.empty_cache()
+    if weights is not None:
+        model, dtype = weights, next(weights.parameters()).dtype
+    else:
+        model = build_model(cfg, folder, dtype, device, seed=args.seed)
+    spec = ModelSpec.from_hf_config(cfg.raw, name=name)
+    dtype_name = str(dtype).removeprefix("torch.")
+    if args.num_kv_blocks:
+        blocks = args.num_kv_blocks
+    elif device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        blocks = num_kv_blocks(
+            spec,
+            dtype_name,
+            args.block_size,
+            total,
+            args.gpu_memory_utilization,
+            2e9,
+            args.kv_cache_bytes,
+        )
+    else:
+        blocks = num_kv_blocks(
+            spec, dtype_name, args.block_size, 0, 0, 0, args.kv_cache_bytes or CPU_KV_CACHE_BYTES
+        )
+    max_len = args.max_model_len or cfg.max_model_len
+    sched_cfg = SchedulerConfig(
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=max_len,
+        enable_chunked_prefill=args.enable_chunked_prefill,
+        long_prefill_token_threshold=args.long_prefill_token_threshold,
+    )
+    kv = KVCacheManager(blocks, args.block_size, args.enable_prefix_caching)
+    scheduler = Scheduler(sched_cfg, kv, make_policy(args.policy))
+    executor = ModelExecutor(
+        model,
+        blocks,
+        args.block_size,
+        select_backend(args.attention_backend, device),
+        device,
+        args.seed,
+    )
+    if device.type == "cuda":
+        executor.warm_up()  # no kernel compiles inside a run's first steps
+    engine = EngineCore(scheduler, executor, clock or WallClock(), token_validator(cfg.vocab_size))
+    return engine, executor, cfg

@@ -1,0 +1,50 @@
+"""A device as the simulator and the KV-cache sizing see it: its spec sheet, and
+how much of it an engine achieves (``conf/hardware/``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+
+@dataclass(frozen=True, slots=True)
+class HardwareSpec:
+    """A device from its spec sheet, plus how much of it an engine achieves."""
+
+    name: str
+    peak_flops: float  # dense FLOP/s at the model's dtype
+    mem_bandwidth: float  # bytes/s
+    memory_bytes: float
+    compute_efficiency: float = 0.6  # achieved fraction of peak FLOP/s (MFU)
+    bandwidth_efficiency: float = 0.8  # achieved fraction of bandwidth (MBU)
+    step_overhead_s: float = 0.0  # per step: scheduling, input preparation, launches
+    request_overhead_s: float = 0.0  # per request in the batch
+    activation_reserve_bytes: float = 0.0
+    source: str = ""
+
+    # Keys of a hardware config (conf/hardware/) that configure the real engine
+    # on the device rather than describe it.
+    ENGINE_KEYS: ClassVar[tuple[str, ...]] = ("kv_cache_bytes", "threads", "cpus", "reference_cpus")
+
+    @classmethod
+    def from_config(cls, hardware: Mapping[str, Any]) -> HardwareSpec:
+        """The spec of a hardware config group entry, less its engine settings."""
+        return cls(**{k: v for k, v in hardware.items() if k not in cls.ENGINE_KEYS})
+
+    def __post_init__(self) -> None:
+        for name in (
+            "peak_flops",
+            "mem_bandwidth",
+            "memory_bytes",
+            "compute_efficiency",
+            "bandwidth_efficiency",
+            "step_overhead_s",
+            "request_overhead_s",
+            "activation_reserve_bytes",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or value < 0:
+                raise ValueError(
+                    f"hardware {self.name}: {name} must be a number >= 0, got {value!r}"
+                )

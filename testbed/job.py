@@ -1,0 +1,133 @@
+"""One run from a resolved config, top down: build, run the mode, report.
+
+``run.py`` (Hydra) calls :func:`run_from_config`; tests call it through Hydra's
+compose API. The run's trace and requests come from the builders
+(``testbed.build``), at the rate ``load`` sets where given
+(``testbed.capacity``); the mode (``testbed.modes``) runs them and returns the
+run's records; the report (``testbed.report``) writes the run directory, logs
+to W&B and prints the summary. Every run writes its files even when
+interrupted (marked partial).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from omegaconf import DictConfig
+
+from testbed.build import load_requests, model_spec
+from testbed.capacity import scaled_to_load
+from testbed.metrics.summary import requests_frame, summarize
+from testbed.modes.sim import simulate
+from testbed.report.console import print_summary
+from testbed.report.plots import write_plots
+from testbed.report.progress import Progress
+from testbed.report.rundir import (
+    write_idle_probe,
+    write_metrics,
+    write_reference_probe,
+    write_tables,
+)
+from testbed.report.wandb_log import log_run, logged_config, wandb_settings
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from testbed.metrics import RunResult
+
+
+def run_from_config(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
+    """Run ``cfg`` and write its run directory; returns ``metrics.json``'s contents."""
+    if cfg.mode.name == "profile":
+        from testbed.modes.profile import profile  # torch, only where a mode needs it
+
+        return profile(cfg)
+    wall_start = time.perf_counter()
+    run_dir = Path(run_dir if run_dir is not None else hydra_run_dir())
+    run_dir.mkdir(parents=True, exist_ok=True)
+    spec = model_spec(cfg.model)
+    load = scaled_to_load(cfg, spec) if cfg.get("load") is not None else {}
+    if load:
+        print(
+            f"capacity {load['capacity_req_s']:.4g} req/s in simulation (fcfs, "
+            f"{load['capacity_from']}); replaying at {load['rate_req_s']:.4g} req/s "
+            f"(load {cfg.load:g})"
+        )
+    trace, requests = load_requests(cfg, spec, rate=load.get("rate_req_s"))
+    progress = Progress(len(requests), cfg.progress)
+    try:
+        if cfg.mode.name == "sim":
+            result, extra = simulate(cfg, requests, spec, progress)
+        elif cfg.mode.name == "real":
+            from testbed.modes.real import run_real  # torch, only where a mode needs it
+
+            result, extra = run_real(cfg, requests, spec, progress)
+        else:
+            raise ValueError(f"unknown mode {cfg.mode.name!r}: sim, real or profile")
+    finally:
+        progress.close()
+    req_df = requests_frame(result.requests)
+    metrics = {
+        **run_fields(cfg, spec.name, trace),
+        **summarize(result.requests, result.steps, req_df),
+        **load,
+        **extra,
+    }
+    report(cfg, run_dir, result, req_df, metrics, load, wall_start)
+    if result.error is not None:
+        raise RuntimeError(f"the run failed; what it measured is in {run_dir}") from result.error
+    return metrics
+
+
+def hydra_run_dir() -> str:
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.get().runtime.output_dir
+
+
+def run_fields(cfg: DictConfig, model: str, trace: pd.DataFrame) -> dict[str, Any]:
+    """``metrics.json``'s fields that say what was run."""
+    return {
+        "mode": cfg.mode.name,
+        "policy": cfg.policy.name,
+        "trace": cfg.trace.name,
+        "model": model,
+        "hardware": cfg.hardware.name,
+        "seed": cfg.seed,
+        "trace_notes": "; ".join(trace.attrs.get("notes", [])),
+    }
+
+
+def report(
+    cfg: DictConfig,
+    run_dir: Path,
+    result: RunResult,
+    req_df: pd.DataFrame,
+    metrics: dict[str, Any],
+    load: dict[str, Any],
+    wall_start: float,
+) -> None:
+    """Write the run directory, log to W&B and print the summary; ``metrics``
+    gains ``wall_s``, the run's own time, before it is written."""
+    write_tables(run_dir, req_df, result.steps)
+    if result.extra.get("idle_probe") is not None:
+        write_idle_probe(run_dir, result.extra["idle_probe"])
+    if result.extra.get("reference_probe") is not None:
+        write_reference_probe(run_dir, result.extra["reference_probe"])
+    title = f"{cfg.policy.name} on {cfg.trace.name}"
+    plots = write_plots(run_dir, req_df, result.steps, title) if cfg.plots else []
+    metrics["wall_s"] = time.perf_counter() - wall_start
+    write_metrics(run_dir, metrics)
+    log_run(
+        wandb_settings(cfg),
+        run_dir,
+        f"{cfg.mode.name}-{cfg.policy.name}-{cfg.trace.name}",
+        logged_config(cfg, load),
+        metrics,
+        req_df,
+        result.steps,
+        plots,
+    )
+    print_summary(metrics, run_dir)

@@ -1,0 +1,33 @@
+"""``mode=profile``: measure the real engine on this machine and write the
+profile table the simulator reads (``profiles/<hardware>/<model>.csv``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig
+
+from testbed.build import engine_args, in_project
+from testbed.modes.real import engine_model
+from testbed.profiling.fit_report import report_profile
+from testbed.profiling.profiler import run_profile
+
+
+def profile(cfg: DictConfig) -> dict[str, Any]:
+    """Profile ``cfg``'s model on its hardware; where the table went and its fit."""
+    print(f"profiling {cfg.model.name} on {cfg.hardware.name}: grid {cfg.mode.grid}")
+    path = run_profile(
+        engine_args(cfg),
+        cfg.mode.grid,
+        cfg.mode.repeats,
+        cfg.mode.warmup,
+        in_project(cfg.profiles_dir),
+        cfg.hardware.name,
+        cfg.model.name,
+        model=engine_model(cfg),
+        replay_requests=cfg.mode.replay_requests,
+        sparse_requests=cfg.mode.get("replay_sparse_requests", 0),
+        max_grid_s=cfg.mode.get("max_grid_s"),
+        reference_cpus=cfg.hardware.get("reference_cpus"),
+    )
+    return {"mode": "profile", "profile": str(path), "fit_rel_error": report_profile(path)}

@@ -1,0 +1,113 @@
+"""``mode=real``: replay the requests on the real engine, on the wall clock.
+
+Beside the run, where configured: the idle probe (``mode.idle_probe``) samples
+the machine's speed in the gaps between requests, and the reference probe
+(``hardware.reference_cpus``) on other cores throughout. Afterwards the run's
+steps are compared with the profile of its hardware and model, where one
+exists (``speed_vs_profile``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from omegaconf import DictConfig
+
+from testbed.build import engine_args, latency_model, run_model
+from testbed.core import Request
+from testbed.engine.config import ModelConfig
+from testbed.engine.device import machine_name
+from testbed.engine.factory import build_engine
+from testbed.engine.replay import replay
+from testbed.metrics import RunResult
+from testbed.models import ModelSpec
+from testbed.profiling.probes import IdleProbe
+from testbed.profiling.reference_probe import ReferenceProbe, busy_median, sample_table
+from testbed.sim.run_speed import speed_against
+
+
+def engine_model(cfg: DictConfig):
+    """(ModelConfig, weights folder or None, name) of the run's model."""
+    model = run_model(cfg)
+    return ModelConfig.of(model), model.folder, model.name
+
+
+def run_real(
+    cfg: DictConfig,
+    requests: Sequence[Request],
+    spec: ModelSpec,
+    on_progress: Callable[[float, int], None] | None = None,
+) -> tuple[RunResult, dict[str, Any]]:
+    """Replay ``requests`` on the real engine; the run's records and the real
+    engine's fields of ``metrics.json``."""
+    args = engine_args(cfg)
+    model = engine_model(cfg)
+    engine, executor, _ = build_engine(args, model=model)
+    probe = IdleProbe(args, executor) if cfg.mode.get("idle_probe") else None
+    reference = None
+    if cfg.hardware.get("reference_cpus"):
+        reference = ReferenceProbe(args, model, list(cfg.hardware.reference_cpus))
+    with reference or contextlib.nullcontext():
+        result = replay(engine, requests, on_progress, cfg.mode.get("max_wall_s"), idle_probe=probe)
+    if reference is not None:  # its samples, each beside how much of the run's steps
+        start = result.steps.column("start_s")
+        busy = np.column_stack([start, start + result.steps.column("latency_s")])
+        result.extra["reference_probe"] = sample_table(reference.samples, busy, engine.clock.origin)
+    kv = engine.scheduler.kv
+    extra = {
+        "latency_model": "measured",
+        "latency_model_source": f"real engine on {executor.device} (torch {torch.__version__})",
+        "machine": machine_name(executor.device),
+        "num_kv_blocks": kv.num_blocks,
+        "prefix_cache_hit_rate": kv.stats.hit_rate,
+        "tokens_computed": executor.num_computed_tokens,
+        **idle_probe_metrics(result.extra.get("idle_probe")),
+        **reference_metrics(result.extra.get("reference_probe")),
+        "partial": result.partial,
+        "stop_reason": result.stop_reason,
+    }
+    extra.update(speed_vs_profile(cfg, spec, result.steps))
+    return result, extra
+
+
+def speed_vs_profile(cfg: DictConfig, spec: ModelSpec, steps) -> dict[str, Any]:
+    """A real run's speed against the profile of its hardware and model
+    (:func:`~testbed.sim.run_speed.speed_against`), and which profile; nothing
+    where there is no profile or no busy step, and the error where the profile
+    cannot be read."""
+    try:  # a diagnostic: an unreadable profile must not cost the run its files
+        model = latency_model(cfg, spec)
+        if model.kind != "profile":
+            return {}
+        speed = speed_against(model, steps)
+    except (OSError, ValueError, KeyError) as err:
+        print(f"WARNING: no speed against the profile: {err}")
+        return {"speed_vs_profile_error": str(err)}
+    return {**speed, "speed_profile": model.source} if speed else {}
+
+
+def idle_probe_metrics(samples: list[tuple[float, float]] | None) -> dict[str, Any]:
+    """metrics.json's summary of the idle probe's samples (none without the probe)."""
+    if samples is None:
+        return {}
+    seconds = [s for _, s in samples]
+    return {
+        "idle_probe_s": statistics.median(seconds) if seconds else math.nan,
+        "idle_probe_samples": len(seconds),
+    }
+
+
+def reference_metrics(table: pd.DataFrame | None) -> dict[str, Any]:
+    """metrics.json's summary of the reference probe's samples (none without it):
+    their median beside the busy engine."""
+    if table is None:
+        return {}
+    median, n = busy_median(table)
+    return {"reference_probe_s": median, "reference_probe_samples": n}

@@ -1,0 +1,89 @@
+"""``mode=sim``: replay the requests in the discrete-event simulator."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from omegaconf import DictConfig
+
+from policies import make_policy
+from policies.routers import make_router
+from testbed.build import (
+    hardware_spec,
+    kv_blocks,
+    latency_model,
+    machine_speed,
+    policy_config,
+    scheduler_config,
+    speed_trace,
+)
+from testbed.core import EngineCore, KVCacheManager, Request, Scheduler
+from testbed.metrics import RunResult
+from testbed.models import ModelSpec
+from testbed.sim.executor import SimExecutor
+from testbed.sim.simulator import Simulation
+
+
+def simulate(
+    cfg: DictConfig,
+    requests: Sequence[Request],
+    spec: ModelSpec,
+    on_progress: Callable[[float, int], None] | None = None,
+) -> tuple[RunResult, dict[str, Any]]:
+    """Simulate ``requests`` on ``cfg``'s cluster of engines; the run's records
+    and the simulation's fields of ``metrics.json``."""
+    engine = cfg.engine
+    latency = latency_model(cfg, spec)
+    trace = speed_trace(cfg)
+    speed = machine_speed(cfg, trace)
+    blocks = kv_blocks(
+        engine, spec, hardware_spec(cfg), cfg.model.dtype, cfg.hardware.get("kv_cache_bytes")
+    )
+    max_len = engine.max_model_len or spec.max_position_embeddings
+    policy = policy_config(cfg)
+    engines: list[EngineCore] = []
+
+    def make_engine(i: int, clock) -> EngineCore:
+        kv = KVCacheManager(blocks, engine.block_size, engine.enable_prefix_caching)
+        sched = Scheduler(scheduler_config(engine, max_len), kv, make_policy(policy))
+        executor = SimExecutor(
+            latency,
+            engine.num_speculative_tokens,
+            engine.spec_acceptance_rate,
+            seed=cfg.seed + i,
+            speed=speed,
+            clock=clock,
+        )
+        engines.append(EngineCore(sched, executor, clock))
+        return engines[-1]
+
+    sim = Simulation(
+        requests,
+        make_engine,
+        latency,
+        num_replicas=cfg.cluster.num_replicas,
+        router=make_router(cfg.cluster.router),
+        fast_forward=cfg.mode.fast_forward,
+        on_progress=on_progress,
+        max_sim_time_s=cfg.mode.max_sim_time_s,
+    )
+    result = sim.run()
+    hits = sum(e.scheduler.kv.stats.hits for e in engines)
+    queries = sum(e.scheduler.kv.stats.queries for e in engines)
+    extra = {
+        "latency_model": latency.kind,
+        "latency_model_source": latency.source,
+        "latency_scale": float(cfg.mode.get("latency_scale", 1.0)),
+        "speed_trace": trace.describe() if trace is not None else None,
+        "num_kv_blocks": blocks,
+        "prefix_cache_hit_rate": hits / queries if queries else 0.0,
+        "sim_wall_s": result.wall_s,
+        "sim_requests_per_wall_s": len(requests) / result.wall_s if result.wall_s else math.nan,
+        "num_jumps": result.num_jumps,
+        "num_jumped_steps": result.num_jumped_steps,
+        "partial": result.partial,
+        "stop_reason": result.stop_reason,
+    }
+    return result, extra

@@ -1,0 +1,129 @@
+"""The profiler's grid: the batch compositions it measures, and the engine
+options under which each runs exactly as composed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from testbed.engine.args import EngineArgs
+from testbed.engine.device import pick_device
+
+DECODE_BATCHES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 32, 64)
+CONTEXTS = (64, 256, 1024, 2000)
+PREFILLS = (16, 64, 128, 256, 384, 512, 768, 1024, 1536, 2000)
+
+
+def interleave(first: list, second: list) -> list:
+    """Both lists' items, each list in its own order, spread evenly over the
+    result, so that any stretch of it holds both in proportion. The profiler
+    measures the points in the grid's order, and a VM's speed drifts over the
+    minutes a pass takes: measured one kind after the other, decodes and
+    prefills see different speeds and the fit's split between their costs is off
+    by as much (in experiments/results/fidelity_cpu1_prefix_points/ the idle
+    probe ran 9% slower through one pass's decode points than through its
+    prefill points, 6% faster in the next pass, and the prefill steps of the
+    runs came out 13% under and 3-6% over predicted beside their decode steps)."""
+    n, m = len(first), len(second)
+    keyed = [((i + 0.5) / n, 0, i) for i in range(n)] + [((j + 0.5) / m, 1, j) for j in range(m)]
+    return [(first, second)[k][i] for _, k, i in sorted(keyed)]
+
+
+# (decode batch, decode context, prefill tokens[, cached prefix tokens]) per
+# point (see Point). Every small decode batch: a GEMM of a few rows is not smooth
+# in their number (see testbed.sim.fitting.DECODE_SIZES). Prefills after a cached
+# prefix, as a trace with prefix sharing (Mooncake's conversations, a shared
+# system prompt) produces them: from scratch a prefill's attention pairs, KV
+# tokens read and longest context all follow from its length, so only these
+# points tell the latency model what attention over a long cached context costs
+# beside the tokens computed.
+PREFIX_POINTS = [(0, 0, p, c) for c in (256, 1024) for p in (64, 256, 768)] + [(4, 256, 256, 1024)]
+# Decode points and points with a prefill are interleaved (see interleave).
+DEFAULT_GRID = interleave(
+    [(b, c, 0) for b in DECODE_BATCHES for c in CONTEXTS],
+    [(0, 0, p) for p in PREFILLS]
+    + [(b, 256, p) for b in (4, 16) for p in (64, 256, 1024)]
+    + PREFIX_POINTS,
+)
+# A GPU's engine batches up to the engine's max_num_seqs (256) and a step of 8B
+# weights costs about as much for 1 as for 100 decodes, so the grid goes on from
+# the default one to 256 decodes (with at most 256k cached tokens in all: 34 GB of
+# an 8B model's KV cache; any more and the decoders' untimed prefills dominate the
+# profiler's time), to contexts of 4096 and to mixes with 64 decodes. The default
+# grid's points come first, so that a profile cut short by its time limit
+# (``max_grid_s``) has those.
+GPU_GRID = DEFAULT_GRID + interleave(
+    [(b, c, 0) for b in (128, 256) for c in CONTEXTS if b * c <= 2**18]
+    + [(b, 4096, 0) for b in (1, 4, 16, 64)],
+    [(64, 256, p) for p in (64, 256, 1024)],
+)
+GRIDS = {
+    "default": DEFAULT_GRID,
+    "gpu": GPU_GRID,
+    "quick": interleave(
+        [(b, 128, 0) for b in (1, 4, 16)],
+        [(0, 0, p) for p in (32, 256)] + [(4, 128, 128), (0, 0, 64, 256)],
+    ),
+}
+GRID_CHOICES = ("auto", *GRIDS)  # auto: gpu on a CUDA device, else default
+
+
+def grid_points(name: str, device: str | None) -> tuple[str, list[tuple[int, ...]]]:
+    """The grid called ``name`` (``auto``: ``gpu`` where the engine runs on a GPU,
+    ``default`` elsewhere) and its points."""
+    if name == "auto":
+        name = "default" if pick_device(device).type == "cpu" else "gpu"
+    if name not in GRIDS:
+        raise ValueError(f"unknown profile grid {name!r}; known: {', '.join(GRID_CHOICES)}")
+    return name, GRIDS[name]
+
+
+PREFILL_BUDGET = 2048  # tokens per step beyond the decodes: the largest prefill point fits
+
+
+@dataclass
+class Point:
+    """One grid point: ``decode_batch`` requests each decoding after ``context``
+    tokens, beside one request prefilling ``prefill_tokens`` tokens after
+    ``prefix_tokens`` prompt tokens the engine already holds in its prefix cache
+    (a whole number of KV blocks)."""
+
+    decode_batch: int
+    context: int
+    prefill_tokens: int
+    prefix_tokens: int = 0
+
+    def label(self) -> str:
+        """``decodes x context + prefill`` (``+ prefill after prefix``)."""
+        text = f"{self.decode_batch}x{self.context}+{self.prefill_tokens}"
+        return text + (f"@{self.prefix_tokens}" if self.prefix_tokens else "")
+
+
+def decoder_output(point: Point, steps: int) -> int:
+    """Output tokens each of a point's decoders is asked for: enough that none
+    finishes before the point's ``steps`` timed and warm-up steps are over, however
+    many steps their own prefills take (they are aborted afterwards)."""
+    return steps + 8 + -(-point.decode_batch * point.context // PREFILL_BUDGET)
+
+
+def fit_args(args: EngineArgs, points: list[Point], repeats: int, warmup: int) -> None:
+    """Engine options under which every point runs as measured: no prefix caching,
+    a token budget for the largest decode batch plus a prefill, a context long
+    enough for every point and a KV cache that holds any one point at once (no
+    preemption while timing; on a GPU no more of the card than the largest point
+    needs)."""
+    steps = repeats + warmup
+    bs = args.block_size
+
+    def blocks(tokens: int) -> int:
+        return -(-tokens // bs)
+
+    prompt = max(p.prefix_tokens + p.prefill_tokens + 1 for p in points)
+    longest = max(max(p.context + decoder_output(p, steps) for p in points), prompt)
+    need = max(p.decode_batch * blocks(p.context + decoder_output(p, steps)) for p in points)
+    need += blocks(prompt)  # a point's prefill (after its cached prefix) beside them
+    args.enable_prefix_caching = False
+    batch = max(p.decode_batch for p in points) + 1
+    args.max_num_seqs = max(args.max_num_seqs, batch)
+    args.max_num_batched_tokens = batch + PREFILL_BUDGET
+    args.max_model_len = max(args.max_model_len or 0, longest + 16)
+    args.num_kv_blocks = max(args.num_kv_blocks or 0, need + 16)

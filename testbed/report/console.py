@@ -1,0 +1,67 @@
+"""The run's summary on the console: its headline metrics, and what to make of
+them where the engine was overloaded or the machine ran off its profile."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+# |speed_vs_profile - 1| above which a real run's summary says the machine moved
+SPEED_NOTE = 0.10
+
+
+def print_summary(m: Mapping[str, Any], run_dir: Path) -> None:
+    rows = [
+        ("requests (finished / rejected)", f"{m['num_finished']} / {m['num_rejected']}"),
+        (
+            "throughput (req/s, out tok/s)",
+            f"{m['throughput_req_s']:.3f}, {m['throughput_output_tok_s']:.1f}",
+        ),
+        ("TTFT mean / p99 (s)", f"{m['ttft_s_mean']:.4f} / {m['ttft_s_p99']:.4f}"),
+        ("TPOT mean / p99 (s)", f"{m['tpot_s_mean']:.4f} / {m['tpot_s_p99']:.4f}"),
+        ("E2E mean / p99 (s)", f"{m['e2e_s_mean']:.3f} / {m['e2e_s_p99']:.3f}"),
+        (
+            "preemptions, prefix hit rate",
+            f"{m['num_preemptions']}, {m['prefix_cache_hit_rate']:.3f}",
+        ),
+        ("KV usage mean / max", f"{m['kv_usage_mean']:.3f} / {m['kv_usage_max']:.3f}"),
+        ("latency model", str(m.get("latency_model"))),
+        ("wall time (s)", f"{m['wall_s']:.2f}"),
+    ]
+    # The simulated machine, where it is not the profiled one.
+    slower = [f"x {m['latency_scale']:.4g}"] if m.get("latency_scale", 1.0) != 1.0 else []
+    slower += [m["speed_trace"]] if m.get("speed_trace") else []
+    if slower:
+        rows.insert(-1, ("step latencies", ", ".join(slower)))
+    speed = m.get("speed_vs_profile")
+    if speed is not None:
+        low, high = m["speed_vs_profile_min"], m["speed_vs_profile_max"]
+        spread = f" ({low:.3f}-{high:.3f} minute by minute)" if high > low else ""
+        rows.insert(-1, ("speed vs profile", f"{speed:.3f}x its step time{spread}"))
+    head = f"{m['mode']} | {m['policy']} | {m['trace']} | {m['model']} on {m['hardware']}"
+    if m.get("partial"):
+        head += f" | PARTIAL ({m.get('stop_reason')})"
+    width = max(len(k) for k, _ in rows)
+    print(head)
+    for k, v in rows:
+        print(f"  {k:<{width}}  {v}")
+    if m.get("overloaded"):
+        print(
+            f"  OVERLOADED: {m['waiting_at_last_arrival']} of "
+            f"{m['num_requests'] - m['num_rejected']} requests were still waiting when the last "
+            f"one arrived (offered {m['offered_req_s']:.3g} req/s, served "
+            f"{m['throughput_req_s']:.3g}): latencies measure the backlog. Lower the load "
+            "(load=0.7: 70% of this engine's capacity; or trace.rate) or add replicas."
+        )
+    if speed is not None and abs(speed - 1) > SPEED_NOTE:
+        print(
+            f"  NOTE: this run's steps took {speed:.2f}x the time its hardware's profile "
+            f"predicts ({m['speed_profile']}): the machine ran "
+            f"{'slower' if speed > 1 else 'faster'} than when it was profiled (a shared "
+            "machine's speed moves) or the profile does not fit this engine config. A "
+            f"simulation at mode.latency_scale={speed:.3g} runs at this speed; real runs "
+            "compared with each other differ by their machines' speeds as well (see "
+            "speed_vs_profile in each metrics.json)."
+        )
+    print(f"  run directory: {run_dir}")
