@@ -22,6 +22,8 @@ class EDF(Policy):
     def __init__(self, reject_late: bool = False, victim: str | None = None) -> None:
         super().__init__(victim)
         self.reject_late = reject_late
+        if reject_late:  # bound only when on: without an admit hook the simulator's fast path stays
+            self.admit = self.reject_if_late
 
     @staticmethod
     def deadline(request: Request) -> float:
@@ -32,8 +34,9 @@ class EDF(Policy):
     def key(self, request: Request, now: float) -> float:
         return self.deadline(request)
 
-    def admit(self, request: Request, now: float) -> Admission:
-        if self.reject_late and request.num_output_tokens == 0 and now > self.deadline(request):
+    def reject_if_late(self, request: Request, now: float) -> Admission:
+        """The admission decision with ``reject_late``."""
+        if request.num_output_tokens == 0 and now > self.deadline(request):
             late = now - self.deadline(request)
             return Admission(Decision.REJECT, f"TTFT deadline passed {late:.3f}s before admission")
         return ADMIT

@@ -49,9 +49,11 @@ class VTC(Policy):
 
     def on_step(self, output: SchedulerOutput, finished: Sequence[Request], now: float) -> None:
         counters, w_in, w_out = self.counters, self.input_weight, self.output_weight
-        for req, n in zip(output.requests, output.num_scheduled_tokens, strict=True):
+        for req, ctx, n in zip(
+            output.requests, output.context_lens, output.num_scheduled_tokens, strict=True
+        ):
             # Tokens at prompt positions are input; the rest (decodes, drafts) output.
-            prompt_part = req.num_prompt_tokens - (req.num_computed_tokens - n)
+            prompt_part = req.num_prompt_tokens - ctx
             if prompt_part <= 0:
                 counters[req.tenant] += w_out * n
             else:

@@ -30,6 +30,8 @@ from testbed.core import (
     SchedulerConfig,
     SchedulerOutput,
 )
+from testbed.core.policy_check import sorted_twin  # noqa: F401  (re-exported for the tests)
+from testbed.core.queue import GroupedQueue, groups_its_queue
 
 VOCAB = 1000
 EOS = VOCAB - 1
@@ -225,21 +227,11 @@ def run(engine: EngineCore, arrivals: list[tuple[float, Request]], max_steps: in
     return steps
 
 
-def sorted_twin(policy: Policy) -> Policy:
-    """The same policy with its queue groups off: the queue sorts by ``key`` every step.
-    Make it before the policy runs (a policy keeps state)."""
-    twin = copy.deepcopy(policy)
-    twin.__class__ = type(
-        f"Sorted{type(policy).__name__}", (type(policy),), {"group_of": Policy.group_of}
-    )
-    return twin
-
-
 def outcomes(policy: Policy, arrivals, cfg: dict, num_drafts: int = 0) -> list[tuple]:
     """Replay copies of ``arrivals`` under ``policy``; what each request went through."""
     arrivals = copy.deepcopy(arrivals)
     engine, _ = create_engine(policy, num_drafts=num_drafts, **cfg)
-    assert engine.scheduler.waiting.grouped == (type(policy).group_of is not Policy.group_of)
+    assert isinstance(engine.scheduler.waiting, GroupedQueue) == groups_its_queue(policy)
     total_tokens = sum(r.num_prompt_tokens + r.sampling_params.max_tokens for _, r in arrivals)
     # MLFQ starving in a few steps can displace requests forever: compare how far both got.
     with contextlib.suppress(AssertionError):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from testbed.core.policy import Policy
+from testbed.core.policy import overrides
 from testbed.core.request import Request, RequestStatus
 from testbed.core.scheduler import STAND_IN_TOKEN, Scheduler
 
@@ -35,12 +35,17 @@ def decode_horizon(sched: Scheduler, max_steps: int) -> int:
     with no admission or preemption, and completions only in the last (0 when not
     certain)."""
     running, cfg, policy = sched.running, sched.config, sched.policy
-    if max_steps <= 0 or not running or sched.loading or sched.ready or sched._newly_finished:
+    if (
+        max_steps <= 0
+        or not running
+        or sched.loading
+        or sched.ready
+        or sched.has_unreported_finishes
+    ):
         return 0
     if cfg.num_lookahead_tokens or len(running) > cfg.max_num_batched_tokens:
         return 0
-    cls = type(policy)
-    if cls.on_step is not Policy.on_step and cls.on_decode_steps is Policy.on_decode_steps:
+    if overrides(policy, "on_step") and not overrides(policy, "on_decode_steps"):
         return 0  # a stateful policy that must see every step
     if sched.waiting and (
         policy.preemptive
@@ -48,7 +53,7 @@ def decode_horizon(sched: Scheduler, max_steps: int) -> int:
             len(running) < cfg.max_num_seqs
             # The head stays blocked only if it failed on KV room (which only
             # shrinks while requests decode) and its rank and admission are fixed.
-            and (policy.dynamic_key or sched._has_admit or not sched.admission_blocked_on_kv)
+            and (policy.dynamic_key or sched.policy_admits or not sched.admission_blocked_on_kv)
         )
     ):
         return 0

@@ -83,13 +83,19 @@ class BlockPool:
         del free[len(free) - take :]
         for _ in range(n - take):
             _, block = self.free_cached.popitem(last=False)
-            self._evict(block)
+            self.evict(block)
             out.append(block)
         for block in out:
             block.ref_cnt = 1
         return out
 
-    def _evict(self, block: KVCacheBlock) -> None:
+    @property
+    def num_registered(self) -> int:
+        """Blocks made findable so far (only grows)."""
+        return self._next_cache_id - ROOT_ID - 1
+
+    def evict(self, block: KVCacheBlock) -> None:
+        """Make a block's contents unfindable (it is reused for others)."""
         del self.cached[block.cache_key]
         block.cache_key = None
         block.cache_id = 0
@@ -131,6 +137,13 @@ class BlockPool:
 
     def lookup(self, key: tuple[int, Hashable]) -> KVCacheBlock | None:
         return self.cached.get(key)
+
+    def forget_free_cached(self) -> None:
+        """Evict every free block's cached contents."""
+        for block in list(self.free_cached.values()):
+            self.evict(block)
+            self.free_uncached.append(block)
+        self.free_cached.clear()
 
 
 @dataclass(slots=True)
@@ -187,7 +200,7 @@ class KVCacheManager:
     def num_registered(self) -> int:
         """Blocks made findable so far (only grows): when it grows, a waiting
         request may hit more of its prefix in the cache and need fewer blocks."""
-        return self.pool._next_cache_id - ROOT_ID - 1
+        return self.pool.num_registered
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
@@ -304,7 +317,4 @@ class KVCacheManager:
 
     def reset_prefix_cache(self) -> None:
         """Forget all cached contents of free blocks (e.g. between experiments)."""
-        for block in list(self.pool.free_cached.values()):
-            self.pool._evict(block)
-            self.pool.free_uncached.append(block)
-        self.pool.free_cached.clear()
+        self.pool.forget_free_cached()

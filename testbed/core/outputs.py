@@ -19,8 +19,9 @@ class SchedulerOutput:
     """One step's schedule: a number of new tokens for each scheduled request.
 
     ``requests[i]`` computes ``num_scheduled_tokens[i]`` tokens starting at
-    position ``context_len(i)``; its ``num_computed_tokens`` already counts
-    them. Requests in ``new_req_ids`` are scheduled for the first time or again
+    position ``context_len(i)`` (its computed count before the step); its
+    ``num_computed_tokens`` already counts them (and after the step, less any
+    rejected drafts). Requests in ``new_req_ids`` are scheduled for the first time or again
     after a preemption: the executor builds their state (block table, sampler)
     from scratch. ``new_block_ids`` lists blocks appended to a request's block
     table in this step. Drafts to verify are in ``spec_token_ids``; a request
@@ -31,6 +32,7 @@ class SchedulerOutput:
     step_id: int
     requests: list[Request] = field(default_factory=list)
     num_scheduled_tokens: list[int] = field(default_factory=list)
+    context_lens: list[int] = field(default_factory=list)  # computed tokens before the step
     total_num_scheduled_tokens: int = 0
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
@@ -54,7 +56,7 @@ class SchedulerOutput:
 
     def context_len(self, i: int) -> int:
         """Tokens already in the KV cache for ``requests[i]`` before this step."""
-        return self.requests[i].num_computed_tokens - self.num_scheduled_tokens[i]
+        return self.context_lens[i]
 
     def features(self) -> tuple[int, int, float, int, int]:
         """``(num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv)``: what a latency

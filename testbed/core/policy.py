@@ -31,6 +31,7 @@ the policy never touches those directly, it only ranks and decides.
 from __future__ import annotations
 
 import enum
+import warnings
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -160,7 +161,9 @@ class Policy:
         return None
 
     def admit(self, request: Request, now: float) -> Admission:
-        """Decide on the head-of-queue candidate before it gets KV blocks."""
+        """Decide on the head-of-queue candidate before it gets KV blocks.
+        Overriding it costs the simulator's fast path while requests wait (an
+        answer may change at any step, so every step is simulated)."""
         return ADMIT
 
     def select_victim(self, candidates: Sequence[Request], now: float) -> Request:
@@ -175,7 +178,11 @@ class Policy:
         """Sees each request when it enters the waiting queue for the first time."""
 
     def on_step(self, output: SchedulerOutput, finished: Sequence[Request], now: float) -> None:
-        """Sees each step after its tokens are accounted (for stateful policies)."""
+        """Sees each step after its tokens are accounted (for stateful policies):
+        ``output.requests[i].num_computed_tokens`` already counts the step's
+        ``output.num_scheduled_tokens[i]`` tokens (less rejected drafts);
+        ``output.context_len(i)`` is the count before the step. Overriding it
+        without :meth:`on_decode_steps` turns the simulator's fast path off."""
 
     def on_decode_steps(
         self, requests: Sequence[Request], num_steps: int, finished: Sequence[Request], now: float
@@ -187,3 +194,52 @@ class Policy:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(victim={self.victim!r})"
+
+
+def overrides(policy: Policy, hook: str) -> bool:
+    """Whether ``policy``'s ``hook`` is its own rather than :class:`Policy`'s (a
+    policy may bind a hook per instance, e.g. only when an option is on)."""
+    return getattr(getattr(policy, hook), "__func__", None) is not getattr(Policy, hook)
+
+
+# What a hook left unpaired costs the simulator, said once per policy class.
+COSTS = {
+    "on_step": (
+        "overrides on_step but not on_decode_steps: the simulator cannot jump over "
+        "plain decode steps and simulates every step (several times slower on long "
+        "traces); override on_decode_steps(requests, num_steps, finished, now) to "
+        "see many decode steps at once"
+    ),
+    "admit": (
+        "overrides admit: while requests wait and the batch has room, the simulator "
+        "simulates every step instead of jumping over plain decode steps (an "
+        "admission answer may change at any step)"
+    ),
+}
+_warned: set[tuple[type, str]] = set()
+
+
+def costs_of(policy: Policy) -> list[str]:
+    """The hooks of ``policy`` that cost the simulator its fast path (see COSTS)."""
+    out = []
+    if overrides(policy, "on_step") and not overrides(policy, "on_decode_steps"):
+        out.append("on_step")
+    if overrides(policy, "admit"):
+        out.append("admit")
+    return out
+
+
+def warn_of_costs(policy: Policy) -> None:
+    """Warn, once per policy class and hook, of what its hooks cost (see COSTS)."""
+    for hook in costs_of(policy):
+        if (type(policy), hook) not in _warned:
+            _warned.add((type(policy), hook))
+            warnings.warn(
+                f"policy {policy.name!r} ({type(policy).__name__}) {COSTS[hook]}",
+                PolicyCostWarning,
+                stacklevel=3,
+            )
+
+
+class PolicyCostWarning(UserWarning):
+    """A policy's hooks make the simulator slower (results are the same)."""

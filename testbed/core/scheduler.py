@@ -14,8 +14,8 @@ from __future__ import annotations
 from testbed.core.config import SchedulerConfig
 from testbed.core.kv_cache import KVCacheManager
 from testbed.core.outputs import ExecutorOutput, SchedulerOutput
-from testbed.core.policy import Decision, Policy
-from testbed.core.queue import WaitingQueue
+from testbed.core.policy import Decision, Policy, overrides, warn_of_costs
+from testbed.core.queue import create_waiting_queue
 from testbed.core.request import Request, RequestStatus
 
 RUNNING = RequestStatus.RUNNING
@@ -30,7 +30,7 @@ class Scheduler:
         self.config = config
         self.kv = kv_cache
         self.policy = policy
-        self.waiting = WaitingQueue(policy)
+        self.waiting = create_waiting_queue(policy)
         self.running: list[Request] = []
         self.loading: dict[str, Request] = {}  # waiting for KV from another instance
         self.ready: list[Request] = []  # KV arrived, holding blocks, not yet running
@@ -43,11 +43,18 @@ class Scheduler:
         # True while the last admission attempt stopped for want of KV blocks and
         # nothing has changed since that could unblock it (an arrival, a free).
         self.admission_blocked_on_kv = False
-        cls = type(policy)
-        self._has_admit = cls.admit is not Policy.admit
-        self._has_cap = cls.token_cap is not Policy.token_cap
-        self._has_on_step = cls.on_step is not Policy.on_step
+        # Hooks the policy leaves to the base class are skipped, not called.
+        self.policy_admits = overrides(policy, "admit")
+        self._has_cap = overrides(policy, "token_cap")
+        self._has_on_step = overrides(policy, "on_step")
+        warn_of_costs(policy)
         policy.attach(self)
+
+    @property
+    def has_unreported_finishes(self) -> bool:
+        """Requests finished (aborted, rejected) since the last update, which the
+        next one reports."""
+        return bool(self._newly_finished)
 
     # --- the read-only view a policy gets ---
     @property
@@ -158,7 +165,9 @@ class Scheduler:
             self._preempt_for_waiting(out, now)
         if not out.preempted_req_ids and (self.waiting or self.ready):
             self._schedule_waiting(out, budget, now)
+        context = out.context_lens
         for req, n in zip(out.requests, out.num_scheduled_tokens, strict=True):
+            context.append(req.num_computed_tokens)
             req.num_computed_tokens += n
         return out
 
@@ -283,7 +292,7 @@ class Scheduler:
         for pos, req in self.waiting.candidates(now):
             if len(self.running) >= cfg.max_num_seqs or budget <= 0:
                 break
-            if self._has_admit:
+            if self.policy_admits:
                 admission = policy.admit(req, now)
                 if admission.decision is Decision.DEFER:
                     continue

@@ -95,8 +95,7 @@ class ModelExecutor:
         positions, slots, q_start, seq_lens, sample_idx = [], [], [0], [], []
         max_blocks = 1
         for i, req in enumerate(so.requests):
-            n = so.num_scheduled_tokens[i]
-            ctx = req.num_computed_tokens - n
+            ctx, n = so.context_lens[i], so.num_scheduled_tokens[i]
             end = ctx + n
             tokens.extend(token_slice(req, ctx, end))
             pos = torch.arange(ctx, end)

@@ -13,6 +13,7 @@ import pytest
 from policies import REGISTRY, make_policy
 from policies.fcfs import FCFS
 from testbed.core import Policy, Request
+from testbed.core.queue import GroupedQueue
 from tests.factories import create_engine, create_requests, outcomes, run, sorted_twin
 
 
@@ -216,7 +217,7 @@ def test_the_readmes_policy_lets_tenants_take_turns_and_ranks_only_their_heads()
     policy, twin = cls(), sorted_twin(cls())
     arrivals = workload()
     engine = replay(policy, arrivals, max_num_seqs=1)
-    assert engine.scheduler.waiting.grouped
+    assert isinstance(engine.scheduler.waiting, GroupedQueue)
     order = [r.tenant for _, r in sorted(arrivals, key=lambda a: a[1].first_scheduled_time)]
     # The first "a" started alone; then the three tenants take turns while all wait.
     assert order[:10] == ["a", "b", "c", "a", "b", "c", "a", "b", "c", "a"]

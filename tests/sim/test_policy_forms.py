@@ -12,6 +12,7 @@ import pytest
 from policies import make_policy
 from policies.priority import Priority
 from policies.sjf import SJF
+from testbed.core.queue import GroupedQueue
 from tests.factories import sorted_twin
 from tests.sim.helpers import observable, random_requests, simulate
 
@@ -27,7 +28,7 @@ def test_a_grouped_waiting_queue_simulates_as_the_sorted_one(policy, num_blocks)
     run = dict(fast_forward=True, num_blocks=num_blocks, max_num_seqs=8)
     a, engines = simulate(random_requests(250, rate=8.0), grouped, **run)
     b, _ = simulate(random_requests(250, rate=8.0), twin, **run)
-    assert engines[0].scheduler.waiting.grouped
+    assert isinstance(engines[0].scheduler.waiting, GroupedQueue)
     assert observable(a.requests) == observable(b.requests)
     assert a.steps.to_frame().equals(b.steps.to_frame())
     assert max(a.steps.to_frame()["num_waiting"]) > 20  # the queue was long

@@ -1,0 +1,168 @@
+"""A check for policy authors: a policy that groups its waiting queue
+(:meth:`~testbed.core.policy.Policy.group_of`) must schedule exactly as the
+same policy sorting the whole queue by ``key`` every step.
+
+In a policy's own tests::
+
+    from testbed.core.policy_check import check_grouping
+
+    def test_my_policy_groups_as_it_ranks():
+        check_grouping(lambda: MyPolicy(weight=2.0))
+
+The check replays a seeded workload (or the given arrivals) through two
+engines with a stand-in data plane, one with the policy and one with its
+:func:`sorted_twin`, and fails naming the first request whose schedule
+differs: the grouping contract (``group_of``, ``order_in_group``,
+``regroup_at``) then does not hold for that policy.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections.abc import Callable, Sequence
+
+from testbed.core.engine import EngineCore
+from testbed.core.outputs import ExecutorOutput, SchedulerOutput
+from testbed.core.policy import Policy
+from testbed.core.queue import GroupedQueue
+from testbed.core.request import Request, SamplingParams
+
+
+def sorted_twin(policy: Policy) -> Policy:
+    """A copy of ``policy`` with its queue groups off: its queue sorts every waiting
+    request by ``key`` every step. Make it before the policy runs (a policy keeps
+    state)."""
+    twin = copy.deepcopy(policy)
+    twin.__class__ = type(
+        f"Sorted{type(policy).__name__}", (type(policy),), {"group_of": Policy.group_of}
+    )
+    return twin
+
+
+class _StandInExecutor:
+    """Every step lasts a fixed time plus a time per token; tokens are stand-ins."""
+
+    def execute(self, so: SchedulerOutput) -> ExecutorOutput:
+        return ExecutorOutput(latency_s=0.01 + 1e-5 * so.total_num_scheduled_tokens)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def workload(
+    num_requests: int = 200, num_tenants: int = 4, rate: float = 40.0, seed: int = 0
+) -> list[tuple[float, Request]]:
+    """Seeded arrivals that keep a queue waiting: Poisson at ``rate`` req/s, skewed
+    tenants, three priority classes, prompts of 8-400 and outputs of 1-120 tokens."""
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for i in range(num_requests):
+        t += rng.expovariate(rate)
+        out.append(
+            (
+                t,
+                Request(
+                    request_id=f"r{i}",
+                    num_prompt_tokens=rng.randint(8, 400),
+                    sampling_params=SamplingParams(max_tokens=rng.randint(1, 120), ignore_eos=True),
+                    tenant=f"t{min(int(rng.expovariate(1.0)), num_tenants - 1)}",
+                    priority=rng.randrange(3),
+                ),
+            )
+        )
+    return out
+
+
+def replay(
+    policy: Policy,
+    arrivals: Sequence[tuple[float, Request]],
+    num_blocks: int,
+    block_size: int,
+    max_steps: int,
+    **scheduler_config,
+) -> tuple[list[tuple], bool, int]:
+    """What each request went through under ``policy`` (on copies of ``arrivals``),
+    whether the queue was grouped, and the most requests that waited at once."""
+    clock = _Clock()
+    engine = EngineCore.build(
+        _StandInExecutor(), policy, num_blocks, block_size, clock=clock, **scheduler_config
+    )
+    pending = sorted(copy.deepcopy(list(arrivals)), key=lambda a: a[0])
+    requests = [r for _, r in pending]
+    steps, most_waiting = 0, 0
+    while (pending or engine.has_unfinished_requests()) and steps < max_steps:
+        if pending and not engine.has_unfinished_requests():
+            clock.t = max(clock.t, pending[0][0])
+        while pending and pending[0][0] <= clock.t:
+            t, req = pending.pop(0)
+            req.arrival_time = t
+            engine.add_request(req)
+        res = engine.step()
+        clock.t = res.start_s + res.latency_s
+        steps += 1
+        most_waiting = max(most_waiting, res.num_waiting)
+    seen = [
+        (r.request_id, r.status.name, r.first_scheduled_time, r.finish_time, r.num_preemptions)
+        for r in requests
+    ]
+    return seen, isinstance(engine.scheduler.waiting, GroupedQueue), most_waiting
+
+
+def check_grouping(
+    make_policy: Callable[[], Policy],
+    arrivals: Sequence[tuple[float, Request]] | None = None,
+    *,
+    num_blocks: int = 120,
+    block_size: int = 16,
+    max_num_seqs: int = 8,
+    max_num_batched_tokens: int = 512,
+    max_model_len: int = 4096,
+    max_steps: int = 100_000,
+) -> None:
+    """Fail (``AssertionError``) where the policy ``make_policy()`` makes schedules
+    otherwise than its :func:`sorted_twin` on ``arrivals`` (default:
+    :func:`workload`), where it does not group its queue at all, or where the
+    arrivals never queue (the check would mean nothing). The cache is
+    small enough by default that requests are preempted too. Runs that do not
+    finish within ``max_steps`` compare how far they got."""
+    arrivals = workload() if arrivals is None else arrivals
+    config = dict(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=max_model_len,
+    )
+    grouped, is_grouped, most_waiting = replay(
+        make_policy(), arrivals, num_blocks, block_size, max_steps, **config
+    )
+    if not is_grouped:
+        raise AssertionError(
+            f"{type(make_policy()).__name__} does not group its waiting queue (it needs "
+            "dynamic_key = True and its own group_of): nothing to check"
+        )
+    if most_waiting < 2:
+        raise AssertionError(
+            "the arrivals kept never more than one request waiting: grouping cannot have "
+            "mattered; give arrivals that queue (more of them, closer together)"
+        )
+    twin, _, _ = replay(
+        sorted_twin(make_policy()), arrivals, num_blocks, block_size, max_steps, **config
+    )
+    for a, b in zip(grouped, twin, strict=True):
+        if a != b:
+            fields = ("request", "status", "first scheduled", "finished", "preemptions")
+            differ = ", ".join(
+                f"{f} {x} (grouped) vs {y} (sorted)"
+                for f, x, y in zip(fields, a, b, strict=True)
+                if x != y
+            )
+            raise AssertionError(
+                f"request {a[0]}: {differ}. The grouped queue ranks otherwise than sorting "
+                "by key: check that order_in_group orders each group as key does, and that "
+                "a request's group changes only at regroup_at"
+            )
