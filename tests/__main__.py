@@ -1,7 +1,7 @@
 """The test command: ``python -m tests`` (sets itself up on a fresh machine).
 
-Arguments go to pytest, e.g. ``python -m tests -k scheduler`` or
-``python -m tests -m "not slow"``.
+Arguments go to pytest, e.g. ``python -m tests -k scheduler``;
+``python -m tests --quick`` runs the everyday subset (no integration or slow tests).
 """
 
 import sys

@@ -38,3 +38,38 @@ def _restore_cores_and_threads():
         os.sched_setaffinity(0, cores)
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
+
+
+# Tests that run whole real runs, profiles, experiments or the Triton interpreter,
+# by path: left out of the everyday loop, ``python -m tests --quick`` (which also
+# leaves out tests marked slow).
+INTEGRATION = (
+    "tests/experiments/",
+    "tests/engine/test_profiler.py",
+    "tests/engine/test_real_runs.py",
+    "tests/engine/test_reference_probe.py",
+    "tests/kernels/test_triton_interpreter.py",
+    "tests/kernels/test_compile.py",
+)
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--quick",
+        action="store_true",
+        help="the everyday subset: no integration tests (whole runs, profiles, experiments, "
+        "the Triton interpreter) and none marked slow",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    root = config.rootpath
+    for item in items:
+        path = item.path.relative_to(root).as_posix()
+        if path.startswith(INTEGRATION):
+            item.add_marker(pytest.mark.integration)
+    if config.getoption("--quick"):
+        kept = [i for i in items if not i.get_closest_marker("integration")]
+        kept = [i for i in kept if not i.get_closest_marker("slow")]
+        config.hook.pytest_deselected(items=[i for i in items if i not in kept])
+        items[:] = kept
