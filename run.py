@@ -20,6 +20,10 @@ bootstrap.ensure([str(ROOT / "run.py"), *sys.argv[1:]])
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
+from testbed import schema  # noqa: E402
+
+schema.register()  # the config groups' structured configs (testbed/schema.py)
+
 
 @hydra.main(config_path="conf", config_name="config", version_base=None)
 def main(cfg: DictConfig) -> float:

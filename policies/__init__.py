@@ -24,7 +24,8 @@ REGISTRY: dict[str, str] = {
 }
 
 
-def _import(path: str) -> type[Policy]:
+def policy_class(path: str) -> type[Policy]:
+    """The policy class at ``module:Class`` (or ``module.Class``)."""
     module, sep, attr = path.partition(":")
     if not sep:
         module, _, attr = path.rpartition(".")
@@ -53,7 +54,7 @@ def make_policy(spec: str | Mapping[str, Any] | Policy, **kwargs: Any) -> Policy
     path = REGISTRY.get(spec, spec)
     if path == spec and ":" not in spec and "." not in spec:
         raise ValueError(f"unknown policy {spec!r}; known: {', '.join(sorted(REGISTRY))}")
-    return _import(path)(**kwargs)
+    return policy_class(path)(**kwargs)
 
 
-__all__ = ["REGISTRY", "make_policy"]
+__all__ = ["REGISTRY", "make_policy", "policy_class"]

@@ -64,7 +64,7 @@ def kv_blocks(
     kv_cache_bytes: float | None,
 ) -> int:
     """The engine's KV blocks: as configured, or derived from memory (both modes)."""
-    if engine.get("num_kv_blocks"):
+    if engine["num_kv_blocks"]:
         return int(engine["num_kv_blocks"])
     return num_kv_blocks(
         spec,
@@ -73,7 +73,7 @@ def kv_blocks(
         hw.memory_bytes,
         engine["gpu_memory_utilization"],
         hw.activation_reserve_bytes,
-        engine.get("kv_cache_bytes") or kv_cache_bytes,
+        engine["kv_cache_bytes"] or kv_cache_bytes,
     )
 
 
@@ -110,12 +110,12 @@ def engine_args(cfg: DictConfig) -> EngineArgs:
         long_prefill_token_threshold=e.long_prefill_token_threshold,
         max_model_len=e.max_model_len,
         num_kv_blocks=e.num_kv_blocks,
-        kv_cache_bytes=e.kv_cache_bytes or cfg.hardware.get("kv_cache_bytes"),
+        kv_cache_bytes=e.kv_cache_bytes or cfg.hardware.kv_cache_bytes,
         gpu_memory_utilization=e.gpu_memory_utilization,
-        device=cfg.mode.get("device"),
+        device=cfg.mode.device,
         attention_backend=e.attention_backend,
-        threads=cfg.hardware.get("threads"),
-        cpus=cfg.hardware.get("cpus"),
+        threads=cfg.hardware.threads,
+        cpus=cfg.hardware.cpus,
         seed=cfg.seed,
     )
 
@@ -134,7 +134,7 @@ def latency_model(cfg: DictConfig, spec: ModelSpec | None = None) -> LatencyMode
 
 def speed_trace(cfg: DictConfig) -> SpeedTrace | None:
     """The run's ``mode.speed_trace`` (a CSV; relative to the working directory), if any."""
-    path = cfg.mode.get("speed_trace")
+    path = cfg.mode.speed_trace
     return SpeedTrace.from_csv(Path(path).resolve()) if path else None
 
 
@@ -142,7 +142,7 @@ def machine_speed(cfg: DictConfig, trace: SpeedTrace | None) -> SpeedTrace | Non
     """What the simulated steps are multiplied by: the speed trace times
     ``mode.latency_scale`` (a machine slower or faster than when profiled), the
     scale alone without a trace, or nothing."""
-    scale = float(cfg.mode.get("latency_scale", 1.0))
+    scale = cfg.mode.latency_scale
     if trace is not None:
         return trace.scaled(scale) if scale != 1.0 else trace
     return SpeedTrace.constant(scale) if scale != 1.0 else None

@@ -64,7 +64,7 @@ def search_config(cfg: DictConfig) -> DictConfig:
         "name": "sim",
         "fast_forward": True,
         "max_sim_time_s": None,
-        "latency_scale": float(mode.get("latency_scale", 1.0)) if mode.name == "sim" else 1.0,
+        "latency_scale": mode.latency_scale if mode.name == "sim" else 1.0,
         "speed_trace": None,
     }
     out.progress = False

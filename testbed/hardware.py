@@ -4,11 +4,11 @@ how much of it an engine achieves (``conf/hardware/``)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from dataclasses import dataclass, fields
+from typing import Any
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class HardwareSpec:
     """A device from its spec sheet, plus how much of it an engine achieves."""
 
@@ -23,14 +23,12 @@ class HardwareSpec:
     activation_reserve_bytes: float = 0.0
     source: str = ""
 
-    # Keys of a hardware config (conf/hardware/) that configure the real engine
-    # on the device rather than describe it.
-    ENGINE_KEYS: ClassVar[tuple[str, ...]] = ("kv_cache_bytes", "threads", "cpus", "reference_cpus")
-
     @classmethod
     def from_config(cls, hardware: Mapping[str, Any]) -> HardwareSpec:
-        """The spec of a hardware config group entry, less its engine settings."""
-        return cls(**{k: v for k, v in hardware.items() if k not in cls.ENGINE_KEYS})
+        """The spec of a hardware config group entry (``testbed.schema.HardwareConfig``),
+        less its settings of the engine on the device."""
+        names = {f.name for f in fields(HardwareSpec)}
+        return HardwareSpec(**{k: v for k, v in hardware.items() if k in names})
 
     def __post_init__(self) -> None:
         for name in (

@@ -26,8 +26,8 @@ def profile(cfg: DictConfig) -> dict[str, Any]:
         cfg.model.name,
         model=engine_model(cfg),
         replay_requests=cfg.mode.replay_requests,
-        sparse_requests=cfg.mode.get("replay_sparse_requests", 0),
-        max_grid_s=cfg.mode.get("max_grid_s"),
-        reference_cpus=cfg.hardware.get("reference_cpus"),
+        sparse_requests=cfg.mode.replay_sparse_requests,
+        max_grid_s=cfg.mode.max_grid_s,
+        reference_cpus=cfg.hardware.reference_cpus,
     )
     return {"mode": "profile", "profile": str(path), "fit_rel_error": report_profile(path)}

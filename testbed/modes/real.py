@@ -50,12 +50,12 @@ def run_real(
     args = engine_args(cfg)
     model = engine_model(cfg)
     engine, executor, _ = build_engine(args, model=model)
-    probe = IdleProbe(args, executor) if cfg.mode.get("idle_probe") else None
+    probe = IdleProbe(args, executor) if cfg.mode.idle_probe else None
     reference = None
-    if cfg.hardware.get("reference_cpus"):
+    if cfg.hardware.reference_cpus:
         reference = ReferenceProbe(args, model, list(cfg.hardware.reference_cpus))
     with reference or contextlib.nullcontext():
-        result = replay(engine, requests, on_progress, cfg.mode.get("max_wall_s"), idle_probe=probe)
+        result = replay(engine, requests, on_progress, cfg.mode.max_wall_s, idle_probe=probe)
     if reference is not None:  # its samples, each beside how much of the run's steps
         start = result.steps.column("start_s")
         busy = np.column_stack([start, start + result.steps.column("latency_s")])

@@ -39,7 +39,7 @@ def simulate(
     trace = speed_trace(cfg)
     speed = machine_speed(cfg, trace)
     blocks = kv_blocks(
-        engine, spec, hardware_spec(cfg), cfg.model.dtype, cfg.hardware.get("kv_cache_bytes")
+        engine, spec, hardware_spec(cfg), cfg.model.dtype, cfg.hardware.kv_cache_bytes
     )
     max_len = engine.max_model_len or spec.max_position_embeddings
     policy = policy_config(cfg)
@@ -75,7 +75,7 @@ def simulate(
     extra = {
         "latency_model": latency.kind,
         "latency_model_source": latency.source,
-        "latency_scale": float(cfg.mode.get("latency_scale", 1.0)),
+        "latency_scale": cfg.mode.latency_scale,
         "speed_trace": trace.describe() if trace is not None else None,
         "num_kv_blocks": blocks,
         "prefix_cache_hit_rate": hits / queries if queries else 0.0,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from policies import make_policy
@@ -22,6 +21,7 @@ from testbed.core import (
 from testbed.hardware import HardwareSpec
 from testbed.job import run_from_config
 from testbed.models import ModelSpec
+from testbed.schema import compose_config
 from testbed.sim.executor import SimExecutor
 from testbed.sim.predictor import make_latency_model
 from testbed.sim.simulator import Simulation
@@ -33,8 +33,7 @@ QUIET = ["logging=disabled", "progress=false", "plots=false"]
 
 def compose_cfg(*overrides: str):
     """The project's config with ``overrides``, as ``run.py`` would resolve it."""
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
-        return compose("config", overrides=list(overrides))
+    return compose_config(overrides)
 
 
 def run(tmp_path: Path, *overrides: str, name: str = "run") -> dict:

@@ -1,0 +1,174 @@
+"""The run config's schema: Hydra structured configs for the engine, mode, cluster,
+hardware, model and policy groups, and :func:`compose_config`, the one way to
+compose a run's config outside ``run.py``.
+
+Each group's options are typed dataclasses registered in Hydra's ConfigStore, so
+a typo in an override (``engine.max_num_seq=8``) or a value of the wrong type
+(``engine.block_size=big``) fails at start-up naming the key, and every field a
+mode reads is declared here with its default. A bundled policy's options are its
+class's constructor arguments, with the class's defaults: the group option is
+derived from the class (``policy=sjf policy.aging_tokens_per_s=5``), so its
+defaults live in one place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig
+
+from policies import REGISTRY, policy_class
+from testbed.hardware import HardwareSpec
+from testbed.models import PROJECT_ROOT
+
+# --- engine and cluster ---
+
+
+@dataclass
+class EngineConfig:
+    """One engine instance (names as in vLLM)."""
+
+    block_size: int = 16
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0  # 0: no per-request cap per step
+    enable_prefix_caching: bool = True
+    num_kv_blocks: int | None = None  # None: derived from memory (the same formula in both modes)
+    gpu_memory_utilization: float = 0.9
+    kv_cache_bytes: float | None = None  # a fixed KV budget; None: the hardware's or its memory
+    # Speculative decoding (simulated acceptance in mode=sim).
+    num_speculative_tokens: int = 0
+    spec_acceptance_rate: float = 0.7
+    # The real engine's attention: auto (Triton on CUDA, else torch) | triton | torch.
+    attention_backend: str = "auto"
+
+
+@dataclass
+class ClusterConfig:
+    """Replicas of the engine behind a router (policies/routers.py)."""
+
+    num_replicas: int = 1
+    router: str = "round_robin"  # round_robin | random | least_outstanding
+
+
+# --- modes ---
+
+
+@dataclass
+class SimMode:
+    """Discrete-event simulation: steps last what the latency model predicts."""
+
+    name: str = "sim"
+    fast_forward: bool = True  # jump over plain decode steps (results identical to stepping)
+    max_sim_time_s: float | None = None  # stop the simulated clock here (the run is partial)
+    # Multiply every predicted step latency (a machine slower or faster than profiled).
+    latency_scale: float = 1.0
+    # A CSV of start_s,speed: each step starting then lasts speed x its prediction.
+    speed_trace: str | None = None
+
+
+@dataclass
+class RealMode:
+    """The real engine on the wall clock: requests are injected at their arrival times."""
+
+    name: str = "real"
+    device: str | None = None  # None: cuda when available, else cpu
+    max_wall_s: float | None = None  # stop replaying after this many seconds (partial)
+    # Sample the machine's speed while the engine waits for arrivals (one fixed decode
+    # step, never beside a step): idle_probe.csv and idle_probe_s in metrics.json.
+    idle_probe: bool = False
+
+
+@dataclass
+class ProfileMode:
+    """Measure the real engine's steps and write profiles/<hardware>/<model>.csv."""
+
+    name: str = "profile"
+    grid: str = "auto"  # auto (gpu on a GPU, else default) | default | gpu | quick
+    repeats: int = 5
+    warmup: int = 2
+    device: str | None = None
+    replay_requests: int = 80  # then every step of a short synthetic replay
+    replay_sparse_requests: int = 12  # and a few at a low rate: small batches at every context
+    max_grid_s: float | None = None  # start no grid point after this many seconds
+
+
+# --- hardware and model ---
+
+
+@dataclass
+class HardwareConfig(HardwareSpec):
+    """A hardware group entry: the device's spec (:class:`HardwareSpec`) and how
+    the real engine runs on it."""
+
+    name: str = MISSING
+    peak_flops: float = MISSING
+    mem_bandwidth: float = MISSING
+    memory_bytes: float = MISSING
+    kv_cache_bytes: float | None = None  # None: derived from memory_bytes
+    threads: int | None = None  # torch's intra-op threads (CPU); None: one per core
+    cpus: list[int] | None = None  # cores the real engine is pinned to (Linux)
+    # Cores for a reference probe beside real runs and profiles (testbed.profiling.reference_probe).
+    reference_cpus: list[int] | None = None
+
+
+@dataclass
+class ModelEntry:
+    """A model group entry: its HF config inline (dummy weights of that shape) or
+    the folder of a checkpoint (``path``)."""
+
+    name: str = MISSING
+    dtype: str = "bfloat16"
+    path: str | None = None
+    hf_config: dict[str, Any] | None = None
+
+
+# --- policies ---
+
+
+def policy_node(name: str) -> type:
+    """A bundled policy's group option: ``name`` and its constructor's arguments,
+    typed and defaulted as the class declares them."""
+    cls = policy_class(REGISTRY[name])
+    hints = typing.get_type_hints(cls.__init__)
+    fields: list[tuple[str, Any, Any]] = [("name", str, field(default=name))]
+    for param in list(inspect.signature(cls.__init__).parameters.values())[1:]:
+        if param.default is inspect.Parameter.empty:
+            raise TypeError(f"policy {name!r}: argument {param.name!r} needs a default")
+        fields.append((param.name, hints.get(param.name, Any), field(default=param.default)))
+    return dataclasses.make_dataclass(f"{cls.__name__}Options", fields)
+
+
+# --- registration and composition ---
+
+
+def register() -> None:
+    """Register the schema's group options and bases in Hydra's ConfigStore
+    (idempotent); ``conf/`` names the bases in its options' defaults lists."""
+    cs = ConfigStore.instance()
+    cs.store(group="engine", name="default", node=EngineConfig)
+    cs.store(group="cluster", name="base_cluster", node=ClusterConfig)
+    cs.store(group="mode", name="sim", node=SimMode)
+    cs.store(group="mode", name="real", node=RealMode)
+    cs.store(group="mode", name="profile", node=ProfileMode)
+    cs.store(group="hardware", name="base_hardware", node=HardwareConfig)
+    cs.store(group="model", name="base_model", node=ModelEntry)
+    for name in REGISTRY:
+        cs.store(group="policy", name=name, node=policy_node(name))
+
+
+def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    """The run config ``python run.py <overrides>`` would get (without Hydra's
+    ``hydra`` node): for tests, experiments and benchmarks."""
+    from hydra import compose, initialize_config_dir
+
+    register()
+    with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base=None):
+        return compose("config", overrides=list(overrides))

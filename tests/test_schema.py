@@ -1,0 +1,66 @@
+"""The run config's schema (testbed/schema.py): typos and wrong types fail at
+start-up naming the key; each mode declares its own fields; a bundled policy's
+options and defaults are its class's."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+from policies import REGISTRY, make_policy, policy_class
+from testbed.schema import compose_config
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["engine.max_num_seq=8"], "engine.max_num_seq"),  # a typo
+        (["engine.block_size=big"], "engine.block_size"),  # a wrong type
+        (["cluster.num_replica=2"], "cluster.num_replica"),
+        (["hardware.thread=1"], "hardware.thread"),
+        (["model.dtpye=float32"], "model.dtpye"),
+        (["mode.latency_scale=2", "mode=real"], "mode.latency_scale"),  # a sim-only field
+        (["mode=real", "mode.idle_prob=true"], "mode.idle_prob"),
+        (["policy=sjf", "policy.aging=3"], "policy.aging"),
+        (["policy=fcfs", "policy.aging_tokens_per_s=3"], "policy.aging_tokens_per_s"),
+    ],
+)
+def test_an_override_the_schema_does_not_have_fails_naming_its_key(overrides, key):
+    with pytest.raises(ConfigCompositionException, match=key.replace(".", r"\.")):
+        compose_config(overrides)
+
+
+def test_each_mode_has_its_own_fields_with_their_defaults():
+    sim = compose_config(["mode=sim"]).mode
+    real = compose_config(["mode=real"]).mode
+    profile = compose_config(["mode=profile"]).mode
+    assert sim.latency_scale == 1.0 and sim.fast_forward and sim.speed_trace is None
+    assert real.device is None and real.idle_probe is False and "latency_scale" not in real
+    assert profile.grid == "auto" and profile.replay_sparse_requests == 12
+    assert compose_config(["mode.latency_scale=2"]).mode.latency_scale == 2.0  # an int, as float
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_a_bundled_policys_options_are_its_constructors_arguments_and_defaults(name):
+    cfg = OmegaConf.to_container(compose_config([f"policy={name}"]).policy)
+    params = list(inspect.signature(policy_class(REGISTRY[name]).__init__).parameters.values())
+    assert cfg == {"name": name, **{p.name: p.default for p in params[1:]}}
+    assert type(make_policy(cfg)).__name__ == policy_class(REGISTRY[name]).__name__
+
+
+def test_a_policy_option_set_on_the_command_line_reaches_the_policy():
+    cfg = compose_config(["policy=mlfq", "policy.starvation_s=2", "policy.num_levels=3"])
+    policy = make_policy(OmegaConf.to_container(cfg.policy))
+    assert policy.starvation_s == 2.0 and len(policy.quanta) == 3
+
+
+def test_hardware_and_model_entries_fill_their_schema():
+    cfg = compose_config(["hardware=cpu1", "model=llama3-8b"])
+    assert cfg.hardware.name == "cpu1" and cfg.hardware.threads == 1
+    assert cfg.hardware.cpus is None and cfg.hardware.reference_cpus is None  # declared, unset
+    assert cfg.model.hf_config.num_hidden_layers == 32 and cfg.model.path is None
+    h200 = compose_config(["hardware=h200"]).hardware
+    assert h200.threads is None and h200.kv_cache_bytes is None
