@@ -12,13 +12,19 @@ that environment. torch is installed first and on purpose:
   Linux is a CUDA build.
 
 The other dependencies then find torch already satisfied and fetch nothing more
-for it. Set ``TESTBED_NO_BOOTSTRAP=1`` to skip all of this.
+for it. Last, the project itself is installed into ``.venv`` in editable mode
+(``pip install --no-deps -e .``, a second or two), so that scripts anywhere in
+the checkout (``.venv/bin/python experiments/...``, ``benchmarks/...``) import
+it without touching ``sys.path``. Set ``TESTBED_NO_BOOTSTRAP=1`` to skip all of
+this.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -30,6 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
 CPU_TORCH = "torch==2.13.0"
+BUILD_BACKEND = "setuptools>=68"  # pyproject.toml's [build-system], for the editable install
 # Import names that must be present for the project to run (and to test).
 REQUIRED_MODULES = (
     "torch",
@@ -67,6 +74,29 @@ def _requirements() -> list[str]:
     return reqs + project["optional-dependencies"]["dev"]
 
 
+def _project_installed() -> bool:
+    """True when this interpreter imports the project from this checkout as an
+    installed (editable) distribution."""
+    try:
+        dist = importlib.metadata.distribution(_project_name())
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    url = json.loads(dist.read_text("direct_url.json") or "{}").get("url")
+    return url == ROOT.resolve().as_uri()
+
+
+def _project_name() -> str:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["name"]
+
+
+def _install_project(py: Path) -> None:
+    """The project into ``py``'s environment, editable and without its
+    dependencies (already there); built with the environment's setuptools."""
+    print(f"[bootstrap] installing the project into {VENV.name}/ (editable) ...", flush=True)
+    pip = [str(py), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+    subprocess.check_call([*pip, "--no-deps", "--no-build-isolation", "-e", str(ROOT)])
+
+
 def _stamp() -> str:
     text = (ROOT / "pyproject.toml").read_bytes() + Path(__file__).read_bytes()
     return hashlib.sha256(text).hexdigest()
@@ -78,7 +108,8 @@ def _install(py: Path) -> None:
     print(f"[bootstrap] installing {torch_req} into {VENV.name}/ ...", flush=True)
     subprocess.check_call([*pip, torch_req])
     print("[bootstrap] installing the other dependencies ...", flush=True)
-    subprocess.check_call([*pip, *_requirements()])
+    subprocess.check_call([*pip, *_requirements(), BUILD_BACKEND])
+    _install_project(py)
 
 
 def ensure(reexec_args: list[str], with_dev: bool = False) -> None:
@@ -97,6 +128,8 @@ def ensure(reexec_args: list[str], with_dev: bool = False) -> None:
     stamp = _stamp()
     if in_venv:
         if stamp_file.exists() and stamp_file.read_text() == stamp:
+            if not _project_installed():
+                _install_project(Path(sys.executable))
             return
     elif not _missing(wanted):
         return

@@ -38,7 +38,7 @@ def profile_path(profiles_dir: str | Path, hardware: str, model: str) -> Path:
 
 def profile_machine(header: dict) -> str | None:
     """The machine a profile was measured on: its header's ``machine``, else its
-    ``cpu`` (tables of 2026-12-02), else None (tables before)."""
+    ``cpu`` (older tables), else None (tables that do not say)."""
     return header.get("machine") or header.get("cpu")
 
 

@@ -51,8 +51,8 @@ def pin_cpus(cpus: Sequence[int]) -> None:
 
 def cpu_name() -> str:
     """The host CPU's model name and widest vector extension (Linux; what
-    ``platform`` knows elsewhere): two VMs of one name may differ 2-3x in a small
-    model's step time (an AVX-512 one against an AVX2 AMD EPYC, 2026-12-02)."""
+    ``platform`` knows elsewhere): two VMs of one kind may differ 2-3x in a small
+    model's step time (an AVX-512 CPU against an AVX2 one)."""
     try:
         info = Path("/proc/cpuinfo").read_text()
     except OSError:

@@ -7,9 +7,8 @@ from pathlib import Path
 from testbed.sim.profile_model import ProfileModel
 
 # The latency model's median relative error on the table it was fitted to, over
-# which a profile's points contradict each other: on a steady 2-core VM 2%; on one
-# whose speed swung ~10% within a minute 12-16%
-# (experiments/results/fidelity_cpu1_noisy_vm/).
+# which a profile's points contradict each other (as when the machine's speed
+# moved while it was measured; docs/fidelity.md).
 FIT_WARN = 0.05
 
 

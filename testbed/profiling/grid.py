@@ -18,11 +18,8 @@ def interleave(first: list, second: list) -> list:
     result, so that any stretch of it holds both in proportion. The profiler
     measures the points in the grid's order, and a VM's speed drifts over the
     minutes a pass takes: measured one kind after the other, decodes and
-    prefills see different speeds and the fit's split between their costs is off
-    by as much (in experiments/results/fidelity_cpu1_prefix_points/ the idle
-    probe ran 9% slower through one pass's decode points than through its
-    prefill points, 6% faster in the next pass, and the prefill steps of the
-    runs came out 13% under and 3-6% over predicted beside their decode steps)."""
+    prefills would see different speeds and the fit's split between their costs
+    would be off by as much (docs/fidelity.md)."""
     n, m = len(first), len(second)
     keyed = [((i + 0.5) / n, 0, i) for i in range(n)] + [((j + 0.5) / m, 1, j) for j in range(m)]
     return [(first, second)[k][i] for _, k, i in sorted(keyed)]

@@ -59,9 +59,8 @@ class IdleProbe:
     sampler; the same scheduled step is executed again and again (its blocks are
     assigned once), so the engine being measured is never touched.
 
-    On the 2-core VM it followed the runs' own step speed with a correlation of
-    0.7 and to about 5% (experiments/results/fidelity_cpu1_idle_probe/): a record
-    of the machine during a run, too coarse to correct a simulation to 5%."""
+    A record of the machine during a run: too coarse to correct a simulation to
+    within a few percent (docs/fidelity.md)."""
 
     def __init__(
         self,
@@ -107,9 +106,8 @@ class IdleProbe:
 def idle_probe_header(rows: list[dict]) -> str:
     """The profile header's ``idle_probe_s``: the median of every sample (between
     grid points, in the replay's gaps and after it), and the medians of the two
-    conditions. On the 2-core VM they differed by -6% to +8% from pass to pass,
-    with no consistent sign: the probe's own noise, which bounds how exactly it
-    can say the machine's speed."""
+    conditions: their difference is the probe's own noise, which bounds how
+    exactly it can say the machine's speed."""
     seconds = [r["latency_s"] for r in rows]
     text = f"{statistics.median(seconds):.6g} (median of {len(seconds)} samples"
     for label, grids in (("between grid points", ("between_points",)), ("idle", IDLE_GRIDS)):

@@ -1,17 +1,11 @@
 """A reference probe on another core: the machine's speed beside a run or a profile.
 
-On the 2-core VM both vCPUs slow down and speed up together: two copies of the
-idle-probe step looped on cores 0 and 1 for ten minutes followed each other to
-0.5% (rms, 5-60 s windows; correlation 0.99) while each wandered by 3.3-4% (CV).
-So a loop on a core the engine does not use can say how fast the engine's core
-runs at every moment of a run, without timing the run's own steps and without
-waiting for its idle gaps (``hardware.reference_cpus``). Not always: in a
-fidelity experiment on a noisier day the engine's core ran 2.6-8.9% slower than
-the reference said in 7 of 8 runs (experiments/results/fidelity_cpu1_reference/),
-so some of the host's contention falls on one vCPU alone; and the engine's speed
-against the reference's, averaged over an experiment's runs, moved from +2.7% to
--2.9% of its profile's between three experiments
-(experiments/results/fidelity_cpu1_level/).
+Where a machine's cores slow down and speed up together (a shared VM's vCPUs
+often do), a loop on a core the engine does not use says how fast the engine's
+core runs at every moment of a run, without timing the run's own steps and
+without waiting for its idle gaps (``hardware.reference_cpus``). Where some of
+the host's contention falls on one core alone it says less (docs/fidelity.md
+has how well it tracked on the 2-core VM).
 
 :class:`ReferenceProbe` runs that loop in a child process pinned to the
 reference cores: the :class:`~testbed.profiling.probes.IdleProbe` step on the
@@ -19,11 +13,10 @@ engine's model, repeated back to back, each execution timed on the system-wide
 monotonic clock (``time.perf_counter``). The samples are read beside a busy
 engine only (:func:`busy_cover`): a real run knows its busy time from its own
 step log; the profiler, which also steps its engines outside a replay, records
-when its executors executed (:meth:`ReferenceProbe.watch`). A run at 70% load is busy for
-part of the time where the profiler is busy throughout, and although load on the
-engine's core moved the reference by at most 0.3% on average on the 2-core VM
-(idle against decode batches up to 8 x 1,500 tokens), a machine whose cores
-share more (hyperthreads of one core) would show it.
+when its executors executed (:meth:`ReferenceProbe.watch`). A run at 70% load is busy
+for part of the time where the profiler is busy throughout; on a machine whose
+cores share more (hyperthreads of one core), load on the engine's core would
+move the reference.
 """
 
 from __future__ import annotations

@@ -60,9 +60,8 @@ class ProfileModel:
         self.coef = nnls(x * w[:, None], w * y)
         # The level: the replay's busy time. The fit's shape comes from relative
         # errors, whose least squares sit below the mean of noisy steps, and from
-        # the grid's points, each batch repeated back to back, which ran 0.6-7.8% faster
-        # against the model than the replay's steps in every pass measured on the
-        # 2-core VM (experiments/results/fidelity_cpu1_level/README.md). Scaled so
+        # the grid's points, each batch repeated back to back, which run faster
+        # against the model than a replay's steps (docs/fidelity.md). Scaled so
         # that it predicts the replay's steps in total, the model's level is that
         # of a trace replayed on the engine, as the simulator uses it; ``level``
         # says by how much (1: a table without a replay).
