@@ -20,9 +20,9 @@ bootstrap.ensure([str(ROOT / "run.py"), *sys.argv[1:]])
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from testbed import schema  # noqa: E402
+from testbed import config_schema  # noqa: E402
 
-schema.register()  # the config groups' structured configs (testbed/schema.py)
+config_schema.register()  # the config groups' structured configs (testbed/config_schema.py)
 
 
 @hydra.main(config_path="conf", config_name="config", version_base=None)

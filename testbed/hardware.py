@@ -25,7 +25,7 @@ class HardwareSpec:
 
     @classmethod
     def from_config(cls, hardware: Mapping[str, Any]) -> HardwareSpec:
-        """The spec of a hardware config group entry (``testbed.schema.HardwareConfig``),
+        """The spec of a hardware config group entry (``testbed.config_schema.HardwareConfig``),
         less its settings of the engine on the device."""
         names = {f.name for f in fields(HardwareSpec)}
         return HardwareSpec(**{k: v for k, v in hardware.items() if k in names})

@@ -4,7 +4,7 @@ parse of an HF ``config.json``'s shape fields) and the KV-cache size both modes
 derive from it (:func:`num_kv_blocks`).
 
 The simulator charges a step by the model's shape, and the real engine builds
-the model from the same config (``testbed.engine.config.ModelConfig`` adds what
+the model from the same config (``testbed.engine.model_config.ModelConfig`` adds what
 only its code needs); both size the KV cache with :func:`num_kv_blocks`, so
 that the two modes can be given the same cache. Pure Python (no torch).
 """

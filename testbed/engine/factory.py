@@ -13,10 +13,10 @@ import torch
 from policies import make_policy
 from testbed.core import EngineCore, KVCacheManager, Request, Scheduler, SchedulerConfig, WallClock
 from testbed.engine.args import CPU_KV_CACHE_BYTES, EngineArgs
-from testbed.engine.config import ModelConfig
 from testbed.engine.device import pick_device, pick_dtype, pin_cpus
 from testbed.engine.executor import ModelExecutor
 from testbed.engine.model import CausalLM
+from testbed.engine.model_config import ModelConfig
 from testbed.engine.weights import build_model
 from testbed.kernels import select_backend
 from testbed.models import ModelSpec, num_kv_blocks, resolve_model

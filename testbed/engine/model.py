@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from testbed.engine.config import ModelConfig
+from testbed.engine.model_config import ModelConfig
 
 
 @dataclass

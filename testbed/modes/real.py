@@ -22,9 +22,9 @@ from omegaconf import DictConfig
 
 from testbed.build import engine_args, latency_model, run_model
 from testbed.core import Request
-from testbed.engine.config import ModelConfig
 from testbed.engine.device import machine_name
 from testbed.engine.factory import build_engine
+from testbed.engine.model_config import ModelConfig
 from testbed.engine.replay import replay
 from testbed.metrics import RunResult
 from testbed.models import ModelSpec

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from testbed.engine.config import ModelConfig
 from testbed.engine.factory import engine_model
 from testbed.engine.model import CausalLM
+from testbed.engine.model_config import ModelConfig
 from testbed.engine.weights import build_model
 from testbed.models import models_dir
 from tests.engine.helpers import ARCHS, run_prefill, write_hf_model

@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 
 from policies import make_policy
 from policies.routers import make_router
+from testbed.config_schema import compose_config
 from testbed.core import (
     EngineCore,
     KVCacheManager,
@@ -21,7 +22,6 @@ from testbed.core import (
 from testbed.hardware import HardwareSpec
 from testbed.job import run_from_config
 from testbed.models import ModelSpec
-from testbed.schema import compose_config
 from testbed.sim.executor import SimExecutor
 from testbed.sim.predictor import make_latency_model
 from testbed.sim.simulator import Simulation

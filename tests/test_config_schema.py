@@ -1,4 +1,4 @@
-"""The run config's schema (testbed/schema.py): typos and wrong types fail at
+"""The run config's schema (testbed/config_schema.py): typos and wrong types fail at
 start-up naming the key; each mode declares its own fields; a bundled policy's
 options and defaults are its class's."""
 
@@ -11,7 +11,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from policies import REGISTRY, make_policy, policy_class
-from testbed.schema import compose_config
+from testbed.config_schema import compose_config
 
 
 @pytest.mark.parametrize(
