@@ -30,7 +30,7 @@ from testbed.core import (
     SchedulerConfig,
     SchedulerOutput,
 )
-from testbed.core.policy_check import sorted_twin  # noqa: F401  (re-exported for the tests)
+from testbed.core.policy_check import ManualClock, run_arrivals, sorted_twin  # noqa: F401
 from testbed.core.queue import GroupedQueue, groups_its_queue
 
 VOCAB = 1000
@@ -40,14 +40,6 @@ EOS = VOCAB - 1
 def true_token(request_id: str, position: int) -> int:
     """The token the fake model samples at ``position`` (never EOS)."""
     return zlib.crc32(f"{request_id}:{position}".encode()) % (VOCAB - 1)
-
-
-class ManualClock:
-    def __init__(self, t: float = 0.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def create_scheduler(
@@ -210,20 +202,8 @@ def create_engine(policy="fcfs", num_drafts: int = 0, **kwargs) -> tuple[EngineC
 
 def run(engine: EngineCore, arrivals: list[tuple[float, Request]], max_steps: int = 10_000):
     """Replay ``(time, request)`` arrivals on the engine's manual clock; return the steps."""
-    clock = engine.clock
-    pending = sorted(arrivals, key=lambda a: a[0])
-    steps = []
-    while pending or engine.has_unfinished_requests():
-        assert len(steps) < max_steps, "run did not finish in a bounded number of steps"
-        if pending and not engine.has_unfinished_requests():
-            clock.t = max(clock.t, pending[0][0])
-        while pending and pending[0][0] <= clock.t:
-            t, req = pending.pop(0)
-            req.arrival_time = t
-            engine.add_request(req)
-        res = engine.step()
-        clock.t = res.start_s + res.latency_s
-        steps.append(res)
+    steps, done = run_arrivals(engine, arrivals, max_steps)
+    assert done, "run did not finish in a bounded number of steps"
     return steps
 
 

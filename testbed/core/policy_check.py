@@ -22,7 +22,7 @@ import copy
 import random
 from collections.abc import Callable, Sequence
 
-from testbed.core.engine import EngineCore
+from testbed.core.engine import EngineCore, StepResult
 from testbed.core.outputs import ExecutorOutput, SchedulerOutput
 from testbed.core.policy import Policy
 from testbed.core.queue import GroupedQueue
@@ -47,12 +47,38 @@ class _StandInExecutor:
         return ExecutorOutput(latency_s=0.01 + 1e-5 * so.total_num_scheduled_tokens)
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
+class ManualClock:
+    """A clock that stands where it is set (``clock.t``)."""
+
+    def __init__(self, t: float = 0.0) -> None:
+        self.t = t
 
     def __call__(self) -> float:
         return self.t
+
+
+def run_arrivals(
+    engine: EngineCore, arrivals: Sequence[tuple[float, Request]], max_steps: int
+) -> tuple[list[StepResult], bool]:
+    """Replay ``(time, request)`` arrivals on ``engine``, whose clock is a
+    :class:`ManualClock` that each step moves on by the step's latency; the steps,
+    and whether every request was added and finished within ``max_steps``."""
+    clock = engine.clock
+    pending = sorted(arrivals, key=lambda a: a[0])
+    steps: list[StepResult] = []
+    while pending or engine.has_unfinished_requests():
+        if len(steps) >= max_steps:
+            return steps, False
+        if pending and not engine.has_unfinished_requests():
+            clock.t = max(clock.t, pending[0][0])
+        while pending and pending[0][0] <= clock.t:
+            t, req = pending.pop(0)
+            req.arrival_time = t
+            engine.add_request(req)
+        res = engine.step()
+        clock.t = res.start_s + res.latency_s
+        steps.append(res)
+    return steps, True
 
 
 def workload(
@@ -89,24 +115,13 @@ def replay(
 ) -> tuple[list[tuple], bool, int]:
     """What each request went through under ``policy`` (on copies of ``arrivals``),
     whether the queue was grouped, and the most requests that waited at once."""
-    clock = _Clock()
     engine = EngineCore.build(
-        _StandInExecutor(), policy, num_blocks, block_size, clock=clock, **scheduler_config
+        _StandInExecutor(), policy, num_blocks, block_size, clock=ManualClock(), **scheduler_config
     )
-    pending = sorted(copy.deepcopy(list(arrivals)), key=lambda a: a[0])
-    requests = [r for _, r in pending]
-    steps, most_waiting = 0, 0
-    while (pending or engine.has_unfinished_requests()) and steps < max_steps:
-        if pending and not engine.has_unfinished_requests():
-            clock.t = max(clock.t, pending[0][0])
-        while pending and pending[0][0] <= clock.t:
-            t, req = pending.pop(0)
-            req.arrival_time = t
-            engine.add_request(req)
-        res = engine.step()
-        clock.t = res.start_s + res.latency_s
-        steps += 1
-        most_waiting = max(most_waiting, res.num_waiting)
+    arrivals = copy.deepcopy(list(arrivals))
+    steps, _ = run_arrivals(engine, arrivals, max_steps)
+    requests = [r for _, r in sorted(arrivals, key=lambda a: a[0])]
+    most_waiting = max((res.num_waiting for res in steps), default=0)
     seen = [
         (r.request_id, r.status.name, r.first_scheduled_time, r.finish_time, r.num_preemptions)
         for r in requests
