@@ -13,13 +13,8 @@ what the control plane's structure costs; the floor itself is CPython's.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from array import array
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import write_results
 

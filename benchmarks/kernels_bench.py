@@ -22,20 +22,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from common import write_results
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from common import write_results  # noqa: E402
-
-from testbed.kernels import torch_attention as reference  # noqa: E402
+from testbed.kernels import torch_attention as reference
 
 DEVICE = "cuda"
 PEAK_HBM_BYTES_S = 4.8e12  # H200

@@ -14,13 +14,7 @@ checks the direction of each result against what the literature reports:
   output lengths, by demoting long jobs.
 * At light load, policies barely differ: there is no queue to reorder.
 
-Measured (2026-12-03, results/policy_comparison.json): all hold but MLFQ's mean
-E2E, 27% (load 0.8) and 38% (1.2) above FCFS. It does not follow FastServe
-here: with starvation off (`policy.starvation_s=1e9`, load 0.8) its mean TTFT
-is 62% below FCFS's but its mean E2E still 6% above, as each of its ~400
-preemptions recomputes a demoted request, and Azure conv's outputs are too
-short for demotion to pay for that; at the default 30 s, requests that waited
-that long are promoted back and preempt in turn.
+What it found is in docs/policies.md ("How the bundled policies compare").
 
     python benchmarks/policy_comparison.py [--loads 0.2 0.8 1.2 | --rates 4 14 17]
 """
@@ -28,23 +22,20 @@ that long are promoted back and preempt in turn.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
+from common import write_results
+
+from testbed.build import model_spec, run_trace
+from testbed.capacity import find_capacity
+from testbed.config_schema import compose_config
+from testbed.metrics.summary import summarize
+from testbed.modes.sim import simulate
+from testbed.workload import to_requests
+from traces import load_trace
+from traces.transforms import mean_rate
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from common import write_results  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
-
-from testbed.build import model_spec, run_trace  # noqa: E402
-from testbed.capacity import find_capacity  # noqa: E402
-from testbed.metrics.summary import summarize  # noqa: E402
-from testbed.modes.sim import simulate  # noqa: E402
-from testbed.workload import to_requests  # noqa: E402
-from traces import load_trace  # noqa: E402
-from traces.transforms import mean_rate  # noqa: E402
 
 POLICIES = ["fcfs", "sjf", "srpt", "mlfq", "priority", "edf", "vtc", "cache_aware_sjf"]
 BASE = [
@@ -58,8 +49,7 @@ BASE = [
 
 
 def config(*overrides: str):
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
-        return compose("config", overrides=[*BASE, *overrides])
+    return compose_config([*BASE, *overrides])
 
 
 def capacity(num_requests: int) -> float:

@@ -18,24 +18,21 @@ for the policies that group; both must give the same metrics.
 from __future__ import annotations
 
 import argparse
-import sys
 from contextlib import contextmanager
 from pathlib import Path
 
+from common import write_results
+from omegaconf import OmegaConf
+from sim_speed import measure
+
+from policies import REGISTRY, make_policy
+from testbed.build import model_spec, trace_options
+from testbed.config_schema import compose_config
+from testbed.core import scheduler
+from testbed.core.queue import ResortedQueue, groups_its_queue
+from traces import load_trace
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from common import write_results  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-from sim_speed import measure  # noqa: E402
-
-from policies import REGISTRY, make_policy  # noqa: E402
-from testbed.build import model_spec, trace_options  # noqa: E402
-from testbed.core import Policy  # noqa: E402
-from testbed.core.queue import WaitingQueue  # noqa: E402
-from traces import load_trace  # noqa: E402
 
 SETUPS = {
     "h200": ["model=llama3-8b", "hardware=h200"],
@@ -53,23 +50,18 @@ COMMON = [
 
 @contextmanager
 def sorted_queues():
-    """Waiting queues that ignore the policy's groups: sort everything every step."""
-    init = WaitingQueue.__init__
-
-    def ungrouped(self, policy):
-        init(self, policy)
-        self.grouped = False
-
-    WaitingQueue.__init__ = ungrouped
+    """Schedulers whose waiting queue ignores the policy's groups: it sorts every
+    waiting request by the key every step."""
+    create = scheduler.create_waiting_queue
+    scheduler.create_waiting_queue = ResortedQueue
     try:
         yield
     finally:
-        WaitingQueue.__init__ = init
+        scheduler.create_waiting_queue = create
 
 
 def groups(policy: str) -> bool:
-    p = make_policy(policy)
-    return p.dynamic_key and type(p).group_of is not Policy.group_of
+    return groups_its_queue(make_policy(policy))
 
 
 def main() -> None:
@@ -79,26 +71,24 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/policy_sim_speed.json"))
     args = ap.parse_args()
     rows = []
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
-        for setup in args.setups:
-            base = compose("config", overrides=[*SETUPS[setup], *COMMON])
-            options = trace_options(OmegaConf.to_container(base.trace, resolve=True))
-            trace = load_trace("azure_conv", **options)
-            spec = model_spec(base.model)
-            for policy in args.policies:
-                cfg = compose("config", overrides=[*SETUPS[setup], *COMMON, f"policy={policy}"])
-                row = dict(setup=setup, policy=policy, **measure(cfg, trace, spec))
-                if groups(policy):
-                    with sorted_queues():
-                        peer = measure(cfg, trace, spec)
-                    row["sorted_sim_wall_s"] = peer["sim_wall_s"]
-                    row["speedup_over_sorted"] = peer["sim_wall_s"] / row["sim_wall_s"]
-                    row["same_metrics_as_sorted"] = all(
-                        row[k] == peer[k]
-                        for k in ("finished", "steps", "mean_ttft_s", "mean_e2e_s")
-                    )
-                rows.append(row)
-                print(row, flush=True)
+    for setup in args.setups:
+        base = compose_config([*SETUPS[setup], *COMMON])
+        options = trace_options(OmegaConf.to_container(base.trace, resolve=True))
+        trace = load_trace("azure_conv", **options)
+        spec = model_spec(base.model)
+        for policy in args.policies:
+            cfg = compose_config([*SETUPS[setup], *COMMON, f"policy={policy}"])
+            row = dict(setup=setup, policy=policy, **measure(cfg, trace, spec))
+            if groups(policy):
+                with sorted_queues():
+                    peer = measure(cfg, trace, spec)
+                row["sorted_sim_wall_s"] = peer["sim_wall_s"]
+                row["speedup_over_sorted"] = peer["sim_wall_s"] / row["sim_wall_s"]
+                row["same_metrics_as_sorted"] = all(
+                    row[k] == peer[k] for k in ("finished", "steps", "mean_ttft_s", "mean_e2e_s")
+                )
+            rows.append(row)
+            print(row, flush=True)
     print(
         f"\n{'setup':>5} {'policy':>16} {'max waiting':>11} {'sim wall s':>10} "
         f"{'req/wall-s':>10} {'sorted s':>9} {'speed-up':>8} {'same':>5}"

@@ -14,24 +14,20 @@ with chunked prefill and prefix caching on, Llama-3-8B on an H200 (the configs
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import pandas as pd
+from common import write_results
+
+from testbed.build import model_spec
+from testbed.config_schema import compose_config
+from testbed.metrics.summary import requests_frame, summarize
+from testbed.modes.sim import simulate
+from testbed.workload import to_requests
+from traces import load_trace
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from common import write_results  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
-
-from testbed.build import model_spec  # noqa: E402
-from testbed.metrics.summary import requests_frame, summarize  # noqa: E402
-from testbed.modes.sim import simulate  # noqa: E402
-from testbed.workload import to_requests  # noqa: E402
-from traces import load_trace  # noqa: E402
 
 OVERRIDES = [
     "trace=azure_conv",
@@ -81,9 +77,8 @@ def main() -> None:
     ap.add_argument("--scales", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/sim_speed.json"))
     args = ap.parse_args()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
-        cfg = compose("config", overrides=OVERRIDES)
-        slow_cfg = compose("config", overrides=[*OVERRIDES, "mode.fast_forward=false"])
+    cfg = compose_config(OVERRIDES)
+    slow_cfg = compose_config([*OVERRIDES, "mode.fast_forward=false"])
     spec = model_spec(cfg.model)
     t0 = time.perf_counter()
     base = load_trace("azure_conv")

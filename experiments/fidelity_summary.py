@@ -1,10 +1,10 @@
 """How many sim-vs-real pairs meet the fidelity targets, experiment by experiment.
 
-Reads the ``fidelity.csv`` and ``fidelity.json`` that ``experiments/fidelity.py``
+Reads the ``fidelity.csv`` and ``fidelity.json`` that ``experiments.fidelity``
 wrote into each results folder given and counts, per way of setting the
 simulation's speed, the pairs (trace, policy) that meet all of the issue's
 targets at once: throughput, mean TPOT and mean E2E within 5%, p50 TTFT within
-10%. The variants are the column prefixes ``fidelity.py`` writes:
+10%. The variants are the column prefixes the experiment writes:
 
 - ``profile``: the profile alone, the prediction made before the run;
 - ``reference``: scaled by the probe on the other core during the run (``ref_``);
@@ -27,11 +27,10 @@ slope of the split on the log of that factor, both taken relative to their
 experiment's and trace's mean, over every experiment given: whether the
 machine's slow spells slow one kind of step more than the other.
 
-    python experiments/fidelity_summary.py experiments/results/fidelity_cpu1_* \
-        --out /tmp/fidelity_summary
+    python -m experiments.fidelity_summary experiments/results/fidelity_cpu*
 
-prints a Markdown table and, with ``--out``, writes ``summary.json`` and
-``summary.md`` there.
+prints a Markdown table and writes ``summary.json``, ``summary.md`` and
+``manifest.json`` to ``--out`` (``outputs/fidelity_summary``).
 """
 
 from __future__ import annotations
@@ -42,9 +41,9 @@ import math
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from experiments.fidelity import NOISE, error_ratio, markdown_table, read_experiment
+from experiments.fidelity.compare import NOISE, error_ratio
+from experiments.fidelity.report import markdown_table, read_experiment
+from experiments.manifest import ROOT, write_manifest
 from testbed.report.sweep import TARGETS
 
 VARIANTS = {
@@ -165,14 +164,14 @@ def markdown(summaries: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("folders", nargs="+", type=Path, help="fidelity.py results folders")
-    parser.add_argument("--out", type=Path, help="write summary.json and summary.md here")
+    parser.add_argument("folders", nargs="+", type=Path, help="experiments.fidelity results")
+    parser.add_argument("--out", type=Path, default=ROOT / "outputs/fidelity_summary")
     args = parser.parse_args(argv)
     folders = [f for f in args.folders if (f / "fidelity.csv").is_file()]
     for skipped in sorted(set(args.folders) - set(folders)):
         print(f"skipped {skipped}: no fidelity.csv in it", file=sys.stderr)
     if not folders:
-        parser.error("no fidelity.py results folder among " + ", ".join(map(str, args.folders)))
+        parser.error("no fidelity results folder among " + ", ".join(map(str, args.folders)))
     summaries = [summarize(f) for f in folders]
     text = markdown(summaries)
     relation = split_vs_speed(summaries)
@@ -183,12 +182,12 @@ def main(argv: list[str] | None = None) -> None:
             f"{relation['pairs']} pairs\n"
         )
     print(text, end="")
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        payload = {"experiments": summaries, "split_vs_speed": relation}
-        (args.out / "summary.json").write_text(json.dumps(payload, indent=2) + "\n")
-        (args.out / "summary.md").write_text(text)
-        print(f"wrote {args.out / 'summary.json'} and {args.out / 'summary.md'}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    payload = {"experiments": summaries, "split_vs_speed": relation}
+    (args.out / "summary.json").write_text(json.dumps(payload, indent=2) + "\n")
+    (args.out / "summary.md").write_text(text)
+    write_manifest(args.out)
+    print(f"wrote {args.out / 'summary.json'} and {args.out / 'summary.md'}")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Pool several fidelity experiments: the simulator's error per pair, over many real runs.
 
-One ``fidelity.py`` experiment compares each (trace, policy) pair's simulation
-with the mean of a few real runs. On a machine whose speed wanders (the 2-core
-VM: about 2% from run to run, more over an hour), a mean of two real runs is
+One ``experiments.fidelity`` experiment compares each (trace, policy) pair's
+simulation with the mean of a few real runs. On a machine whose speed wanders
+from run to run, a mean of two real runs is
 itself off by a few percent, and so is the profile the simulation is measured
 against: one experiment's error on a pair is the simulator's own error plus
 that noise, which lands a pair or two over a 5% target in any one experiment.
@@ -23,32 +23,33 @@ requests, context length and ``--extra`` overrides (apart from the settings in
 ``--may-differ``: by default ``hardware.cpus``, the cores the engine was
 pinned to); anything else is an error naming the file and the field.
 
-    python experiments/pool_fidelity.py experiments/results/fidelity_cpu1_neighbours \\
-        experiments/results/fidelity_cpu1_pinned --names s9 s10 --out /tmp/pooled
+    python -m experiments.pool_fidelity outputs/fidelity/<stamp> outputs/fidelity/<stamp2> \\
+        --names a b
+
+writes ``pooled.csv``, ``pooled.md``, ``pooled.json`` and ``manifest.json`` to
+``--out`` (``outputs/pool_fidelity``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from experiments.fidelity.compare import NOISE
+from experiments.fidelity.report import markdown_table, read_experiment
+from experiments.manifest import ROOT, write_manifest
+from testbed.report.sweep import TARGETS  # metric: the target for its relative error
+from testbed.report.wandb_log import log_experiment
 
-from experiments.fidelity import NOISE, markdown_table, read_experiment  # noqa: E402
-from testbed.report.sweep import TARGETS  # noqa: E402  (metric: the target for its relative error)
-from testbed.report.wandb_log import log_experiment  # noqa: E402
-
-# column prefix: how the simulation was given the machine's speed (fidelity.py)
+# column prefix: how the simulation was given the machine's speed (experiments.fidelity)
 VARIANTS = {
     "err": "merged profile",
     "pass_err": "per-pass sims",
-    "idle_err": "idle probe",
+    "ref_err": "reference probe",
     "nb_err": "neighbours' speed",
     "own_err": "own speed (not a prediction)",
     "win_err": "runs' speed by window (not a prediction)",
@@ -104,7 +105,7 @@ def pool(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
                     )
                 )
     if not long:
-        raise SystemExit("no error columns to pool (fidelity.csv of experiments/fidelity.py)")
+        raise SystemExit("no error columns to pool (fidelity.csv of experiments.fidelity)")
     errors = pd.concat(long, ignore_index=True)
     rows = []
     keys = ["trace", "policy", "variant", "metric"]
@@ -182,44 +183,22 @@ def count_within(part: pd.DataFrame) -> int:
     return int(ok.all().sum())
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("experiments", nargs="+", type=Path, help="--out directories of fidelity.py")
-    ap.add_argument(
-        "--names", nargs="+", help="a short name per experiment (default: folder names)"
-    )
-    ap.add_argument("--may-differ", nargs="*", default=["hardware.cpus"])
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--wandb", default="offline", choices=["offline", "online", "disabled"])
-    args = ap.parse_args()
-    names = args.names or [p.name for p in args.experiments]
-    if len(names) != len(args.experiments) or len(set(names)) != len(names):
-        raise SystemExit(f"--names: need {len(args.experiments)} distinct names, got {names}")
-    read = {n: read_experiment(p) for n, p in zip(names, args.experiments, strict=True)}
-    check_alike(
-        {str(p): read[n][0] for n, p in zip(names, args.experiments, strict=True)},
-        tuple(args.may_differ),
-    )
-    pooled = pool({n: table for n, (_, table) in read.items()})
-    args.out.mkdir(parents=True, exist_ok=True)
-    pooled.to_csv(args.out / "pooled.csv", index=False)
-    signal = pooled[~pooled["policy"].str.endswith(NOISE)]
-    (args.out / "pooled.md").write_text(
+def write_pooled(out: Path, pooled: pd.DataFrame, names: list[str], summary: dict) -> None:
+    """``pooled.csv``, ``pooled.md`` (the errors and the noise floor) and ``pooled.json``."""
+    out.mkdir(parents=True, exist_ok=True)
+    pooled.to_csv(out / "pooled.csv", index=False)
+    noise = pooled["policy"].str.endswith(NOISE)
+    (out / "pooled.md").write_text(
         f"## Errors pooled over {len(names)} experiments (TPOT mean / E2E mean)\n\n"
-        + pooled_markdown(signal, names)
+        + pooled_markdown(pooled[~noise], names)
         + "\n## The machine's noise floor: a real run against its repeat\n\n"
-        + pooled_markdown(
-            pooled[pooled["policy"].str.endswith(NOISE)],
-            names,
-            {"err": "the second run against the first"},
-        )
+        + pooled_markdown(pooled[noise], names, {"err": "the second run against the first"})
     )
-    summary = {
-        "experiments": {n: str(p) for n, p in zip(names, args.experiments, strict=True)},
-        "meta": {n: meta for n, (meta, _) in read.items()},
-        "pooled": pooled.to_dict(orient="records"),
-    }
-    (args.out / "pooled.json").write_text(json.dumps(summary, indent=1, default=float))
+    (out / "pooled.json").write_text(json.dumps(summary, indent=1, default=float))
+
+
+def print_worst(signal: pd.DataFrame) -> None:
+    """Per variant: the pairs whose pooled mean TPOT and E2E are within 5%, and the worst."""
     for prefix, title in VARIANTS.items():
         part = signal[
             (signal["variant"] == prefix) & signal["metric"].isin(["tpot_s_mean", "e2e_s_mean"])
@@ -233,6 +212,35 @@ def main() -> None:
             f"largest {worst['mean']:+.1%} ± {worst['se']:.1%} "
             f"({pair_label(worst['trace'], worst['policy'])}, {worst['metric']})"
         )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("experiments", nargs="+", type=Path, help="experiments.fidelity results")
+    ap.add_argument(
+        "--names", nargs="+", help="a short name per experiment (default: folder names)"
+    )
+    ap.add_argument("--may-differ", nargs="*", default=["hardware.cpus"])
+    ap.add_argument("--out", type=Path, default=ROOT / "outputs/pool_fidelity")
+    ap.add_argument("--wandb", default="offline", choices=["offline", "online", "disabled"])
+    args = ap.parse_args()
+    names = args.names or [p.name for p in args.experiments]
+    if len(names) != len(args.experiments) or len(set(names)) != len(names):
+        raise SystemExit(f"--names: need {len(args.experiments)} distinct names, got {names}")
+    read = {n: read_experiment(p) for n, p in zip(names, args.experiments, strict=True)}
+    check_alike(
+        {str(p): read[n][0] for n, p in zip(names, args.experiments, strict=True)},
+        tuple(args.may_differ),
+    )
+    pooled = pool({n: table for n, (_, table) in read.items()})
+    summary = {
+        "experiments": {n: str(p) for n, p in zip(names, args.experiments, strict=True)},
+        "meta": {n: meta for n, (meta, _) in read.items()},
+        "pooled": pooled.to_dict(orient="records"),
+    }
+    write_pooled(args.out, pooled, names, summary)
+    write_manifest(args.out)
+    print_worst(pooled[~pooled["policy"].str.endswith(NOISE)])
     log_experiment(
         args.wandb,
         ROOT / "outputs",

@@ -15,33 +15,28 @@ both alike), each beside a reference probe on ``--reference-cpu``
 
 If a process's earlier runs leave state that slows its later ones (heap,
 caches), the later runs here have ``own_per_ref`` above the fresh runs'. It
-prints the table and writes it (CSV) and a summary (JSON) to ``--out``.
+prints the table and writes it (CSV), a summary (JSON) and ``manifest.json`` to
+``--out`` (``outputs/process_state``).
 
-    python experiments/process_state.py --pairs 4 --out experiments/results/process_state
+    python -m experiments.process_state --pairs 4
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from experiments.fidelity import (  # noqa: E402
-    busy_steps,
-    compose_cfg,
-    own_speed,
-    run_isolated,
-    step_errors,
-)
-from testbed.build import latency_model  # noqa: E402
-from testbed.job import run_from_config  # noqa: E402
+from experiments.fidelity.compare import step_errors
+from experiments.fidelity.execute import run_isolated
+from experiments.fidelity.speeds import busy_steps, own_speed
+from experiments.manifest import ROOT, write_manifest
+from testbed.build import latency_model
+from testbed.config_schema import compose_config
+from testbed.job import run_from_config
 
 
 def run_row(run: Path, model) -> dict:
@@ -56,22 +51,10 @@ def run_row(run: Path, model) -> dict:
     )
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--pairs", type=int, default=4, help="fresh runs, and runs in this process")
-    ap.add_argument("--num-requests", type=int, default=50)
-    ap.add_argument("--rate", type=float, default=0.3, help="req/s")
-    ap.add_argument("--engine-cpu", type=int, default=1)
-    ap.add_argument("--reference-cpu", type=int, default=0)
-    ap.add_argument("--extra", nargs="*", default=[], help="more Hydra overrides")
-    ap.add_argument("--out", default=str(ROOT / "outputs/process_state"), help="the table")
-    ap.add_argument("--runs", default=str(ROOT / "outputs/process_state"), help="the runs")
-    args = ap.parse_args()
-    if args.pairs < 2:
-        raise SystemExit("--pairs must be >= 2 (this process's later runs are the question)")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    overrides = [
+def run_overrides(args: argparse.Namespace) -> list[str]:
+    """One short real run: fcfs on a slice of Azure conv, one engine thread on
+    ``--engine-cpu``, the reference probe on ``--reference-cpu``."""
+    return [
         "logging=disabled",
         "progress=false",
         "plots=false",
@@ -86,15 +69,47 @@ def main() -> None:
         "policy=fcfs",
         *args.extra,
     ]
-    model = latency_model(compose_cfg([*overrides, "mode=sim"]))
+
+
+def summarize(table: pd.DataFrame) -> dict:
+    """``own_per_ref`` of the fresh runs, of this process's first run and of its later ones."""
+    fresh = table[table["process"] == "fresh"]["own_per_ref"]
+    first = table[(table["process"] == "here") & (table["nth_here"] == 1)]["own_per_ref"]
+    later = table[(table["process"] == "here") & (table["nth_here"] > 1)]["own_per_ref"]
+    return dict(
+        fresh_mean=fresh.mean(),
+        fresh_sd=fresh.std(),
+        here_first=float(first.iloc[0]),
+        here_later_mean=later.mean(),
+        here_later_sd=later.std(),
+        later_over_fresh=later.mean() / fresh.mean() - 1,
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--pairs", type=int, default=4, help="fresh runs, and runs in this process")
+    ap.add_argument("--num-requests", type=int, default=50)
+    ap.add_argument("--rate", type=float, default=0.3, help="req/s")
+    ap.add_argument("--engine-cpu", type=int, default=1)
+    ap.add_argument("--reference-cpu", type=int, default=0)
+    ap.add_argument("--extra", nargs="*", default=[], help="more Hydra overrides")
+    ap.add_argument("--out", type=Path, default=ROOT / "outputs/process_state", help="the table")
+    ap.add_argument("--runs", type=Path, default=ROOT / "outputs/process_state", help="the runs")
+    args = ap.parse_args()
+    if args.pairs < 2:
+        raise SystemExit("--pairs must be >= 2 (this process's later runs are the question)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    overrides = run_overrides(args)
+    model = latency_model(compose_config([*overrides, "mode=sim"]))
     rows = []
     for i in range(args.pairs):
         for where in ("fresh", "here"):
-            run = Path(args.runs) / "runs" / f"{i + 1}-{where}"
+            run = args.runs / "runs" / f"{i + 1}-{where}"
             if where == "fresh":
                 run_isolated([*overrides, "mode=real"], run)
             else:
-                run_from_config(compose_cfg([*overrides, "mode=real"]), run)
+                run_from_config(compose_config([*overrides, "mode=real"]), run)
             rows.append(
                 dict(order=len(rows) + 1, process=where, nth_here=i + 1, **run_row(run, model))
             )
@@ -103,22 +118,14 @@ def main() -> None:
     table.loc[table["process"] == "fresh", "nth_here"] = np.nan
     ratio = table["own"] / table["reference_ms"]
     table["own_per_ref"] = ratio / ratio[table["process"] == "fresh"].mean()
-    fresh = table[table["process"] == "fresh"]["own_per_ref"]
-    first = table[(table["process"] == "here") & (table["nth_here"] == 1)]["own_per_ref"]
-    later = table[(table["process"] == "here") & (table["nth_here"] > 1)]["own_per_ref"]
-    summary = dict(
-        fresh_mean=fresh.mean(),
-        fresh_sd=fresh.std(),
-        here_first=float(first.iloc[0]),
-        here_later_mean=later.mean(),
-        here_later_sd=later.std(),
-        later_over_fresh=later.mean() / fresh.mean() - 1,
-        overrides=overrides,
-    )
+    summary = summarize(table)
     print(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
-    print(json.dumps({k: v for k, v in summary.items() if k != "overrides"}, indent=1))
-    table.to_csv(out / "process_state.csv", index=False, float_format="%.6g")
-    (out / "process_state.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(json.dumps(summary, indent=1))
+    table.to_csv(args.out / "process_state.csv", index=False, float_format="%.6g")
+    (args.out / "process_state.json").write_text(
+        json.dumps(dict(summary, overrides=overrides), indent=1) + "\n"
+    )
+    write_manifest(args.out, profiles=[model.path] if hasattr(model, "path") else [])
 
 
 if __name__ == "__main__":

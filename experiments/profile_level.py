@@ -1,6 +1,6 @@
 """Where a profile's level comes from: its grid, its replay and the real runs, by reference.
 
-For each runs folder of ``experiments/fidelity.py`` that measured profiler passes
+For each runs folder of ``experiments.fidelity`` that measured profiler passes
 beside a reference probe (``--profile-passes K`` with ``hardware.reference_cpus``),
 it sets side by side, each as busy time over the merged profile's prediction of
 the same steps (fidelity's own speed) and over the reference probe's factor
@@ -16,35 +16,30 @@ reference carries the profile's speed over to the runs; a grid that runs faster
 than its replay pulls a fit of both below the replay's level. The latency model
 takes its level from the replay (``ProfileModel.level``); ``unscaled_own_per_ref``
 is what the fit alone would give. Prints the table, writes it as CSV and
-Markdown to ``--out``, with each folder's means in the JSON.
+Markdown to ``--out`` (``outputs/profile_level``), with each folder's means in
+the JSON and a ``manifest.json``.
 
-    python experiments/profile_level.py outputs/fidelity/20261202-020211 --out /tmp/level
+    python -m experiments.profile_level outputs/fidelity/<stamp>
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from experiments.fidelity import (  # noqa: E402
-    busy_steps,
-    markdown_table,
-    own_speed,
-    read_metrics,
-    step_errors,
-)
-from testbed.profile_table import read_profile_header  # noqa: E402
-from testbed.profiling.reference_probe import reference_key  # noqa: E402
-from testbed.sim.latency import FEATURES  # noqa: E402
-from testbed.sim.profile_model import ProfileModel  # noqa: E402
+from experiments.fidelity.compare import step_errors
+from experiments.fidelity.execute import read_metrics
+from experiments.fidelity.report import markdown_table
+from experiments.fidelity.speeds import busy_steps, own_speed
+from experiments.manifest import ROOT, write_manifest
+from testbed.profile_table import read_profile_header
+from testbed.profiling.reference_probe import reference_key
+from testbed.sim.latency import FEATURES
+from testbed.sim.profile_model import ProfileModel
 
 PARTS = ("grid", "replay", "real_runs")
 
@@ -54,7 +49,7 @@ def merged_profile(runs: Path) -> Path:
     if len(found) != 1:
         raise SystemExit(
             f"{runs}: expected one merged profile under profiles/<hardware>/, found {len(found)} "
-            "(a folder of fidelity.py run with --profile-passes)"
+            "(a folder of experiments.fidelity run with --profile-passes)"
         )
     return found[0]
 
@@ -68,7 +63,7 @@ def reference_of(path: Path, phase: str = "replay") -> float:
     value = header.get(reference_key(header, phase))
     if value is None:
         raise SystemExit(
-            f"{path}: no reference_probe_s in its header (fidelity.py measured it without "
+            f"{path}: no reference_probe_s in its header (the experiment measured it without "
             "hardware.reference_cpus)"
         )
     return float(value.split()[0])
@@ -81,7 +76,7 @@ def pass_rows(runs: Path, model: ProfileModel, profiled: float) -> list[dict]:
     )
     if not paths:
         raise SystemExit(
-            f"{runs}: no profile-passes/<k>/<hardware>/<model>.csv (a folder of fidelity.py "
+            f"{runs}: no profile-passes/<k>/<hardware>/<model>.csv (a folder of the experiment "
             "run with --profile-passes, not one that reused another's runs)"
         )
     rows = []
@@ -166,8 +161,8 @@ def summary(table: pd.DataFrame) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("runs", nargs="+", type=Path, help="fidelity.py runs folders")
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("runs", nargs="+", type=Path, help="experiments.fidelity runs folders")
+    ap.add_argument("--out", type=Path, default=ROOT / "outputs/profile_level")
     args = ap.parse_args()
     table = pd.concat([folder_table(r) for r in args.runs], ignore_index=True)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -176,6 +171,7 @@ def main() -> None:
     cells = [[str(v) for v in row] for row in shown.itertuples(index=False)]
     (args.out / "profile_level.md").write_text(markdown_table(list(shown.columns), cells, left=3))
     (args.out / "profile_level.json").write_text(json.dumps(summary(table), indent=2) + "\n")
+    write_manifest(args.out, profiles=[merged_profile(r) for r in args.runs])
     print(shown.to_string(index=False))
     print(json.dumps(summary(table), indent=2))
     print(f"wrote {args.out}")

@@ -20,28 +20,29 @@ busy step of ``steps.csv`` is predicted by the latency model fitted to
   terms (each step weighed by 1 / predicted, as the profile is fitted).
 
     R=outputs/fidelity/<stamp>
-    python experiments/step_residuals.py --profile $R/profiles/cpu1/dummy-llama.csv \\
+    python -m experiments.step_residuals --profile $R/profiles/cpu1/dummy-llama.csv \\
         $R/azure_conv/*-real $R/azure_conv/*-real-2
 
 With ``--compare`` and more profile tables (another pass, a profile measured
 later), each one's total error on the same steps, its prefill/decode split and
 its small/large decode batch ratio: how much of a shape error is the profile
-pass's. Prints the tables and, with ``--out``, writes ``gaps.csv``,
-``decodes.csv``, ``affine.csv``, ``compare.csv`` and ``step_residuals.md`` there.
+pass's. Prints the tables and writes ``gaps.csv``, ``decodes.csv``,
+``affine.csv``, ``compare.csv``, ``step_residuals.md`` and ``manifest.json`` to
+``--out`` (``outputs/step_residuals``).
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from experiments.fidelity import busy_steps, error_ratio, markdown_table, step_errors
+from experiments.fidelity.compare import error_ratio, step_errors
+from experiments.fidelity.report import markdown_table
+from experiments.fidelity.speeds import busy_steps
+from experiments.manifest import ROOT, write_manifest
 from testbed.sim.profile_model import ProfileModel
 
 # upper edges (s) of the idle-gap buckets and their labels
@@ -50,7 +51,7 @@ GAP_LABELS = ("<0.5 ms", "0.5-5 ms", "5-50 ms", "50-500 ms", "0.5-5 s", ">5 s")
 
 
 def run_steps(run: Path, model) -> pd.DataFrame:
-    """A run's :func:`~experiments.fidelity.busy_steps` (with the idle gap before
+    """A run's :func:`~experiments.fidelity.speeds.busy_steps` (with the idle gap before
     each, ``gap_s``, and the model's prediction, ``pred_s``), marked by whether
     it carries a prefill chunk, its run and its trace."""
     steps = busy_steps(run, model)
@@ -142,29 +143,10 @@ def compare(profiles: list[Path], runs: list[Path]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("runs", nargs="+", type=Path, help="real run directories")
-    ap.add_argument("--profile", type=Path, required=True, help="profile table the runs used")
-    ap.add_argument("--out", type=Path, help="folder for gaps.csv, affine.csv and the Markdown")
-    ap.add_argument(
-        "--compare", nargs="*", type=Path, default=[],
-        help="more profile tables: each one's total error, prefill/decode split and "
-        "small/large decode batches on the same runs (compare.csv)",
-    )  # fmt: skip
-    args = ap.parse_args(argv)
-    model = ProfileModel(args.profile)
-    steps = [run_steps(run, model) for run in args.runs]
-    every = pd.concat(steps, ignore_index=True)
-    gaps = gap_table(every)
-    decodes = decode_table(every)
-    fits = pd.DataFrame(
-        [
-            {"trace": s["trace"].iloc[0], "run": s["run"].iloc[0], **affine(s)}
-            for s in steps
-            if len(s)
-        ]
-    )
+def residuals_markdown(
+    gaps: pd.DataFrame, decodes: pd.DataFrame, fits: pd.DataFrame, compared: pd.DataFrame | None
+) -> str:
+    """The gap, decode, affine and (with ``--compare``) per-profile tables as Markdown."""
     text = "Predicted over measured busy time, less 1, by the idle gap before each step:\n\n"
     text += markdown_table(
         ["trace", "kind", "gap", "steps", "error"],
@@ -189,7 +171,6 @@ def main(argv: list[str] | None = None) -> None:
         ],
         left=2,
     )
-    compared = compare([args.profile, *args.compare], args.runs) if args.compare else None
     if compared is not None:
         text += "\nThe same runs under each profile (level-free ratios, less 1):\n\n"
         text += markdown_table(
@@ -198,16 +179,45 @@ def main(argv: list[str] | None = None) -> None:
               f"{r.small_vs_large:+.1%}"] for r in compared.itertuples()],
             left=3,
         )  # fmt: skip
+    return text
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", type=Path, help="real run directories")
+    ap.add_argument("--profile", type=Path, required=True, help="profile table the runs used")
+    ap.add_argument("--out", type=Path, default=ROOT / "outputs/step_residuals")
+    ap.add_argument(
+        "--compare", nargs="*", type=Path, default=[],
+        help="more profile tables: each one's total error, prefill/decode split and "
+        "small/large decode batches on the same runs (compare.csv)",
+    )  # fmt: skip
+    args = ap.parse_args(argv)
+    model = ProfileModel(args.profile)
+    steps = [run_steps(run, model) for run in args.runs]
+    every = pd.concat(steps, ignore_index=True)
+    tables = dict(
+        gaps=gap_table(every),
+        decodes=decode_table(every),
+        affine=pd.DataFrame(
+            [
+                {"trace": s["trace"].iloc[0], "run": s["run"].iloc[0], **affine(s)}
+                for s in steps
+                if len(s)
+            ]
+        ),
+    )
+    if args.compare:
+        tables["compare"] = compare([args.profile, *args.compare], args.runs)
+    text = residuals_markdown(tables["gaps"], tables["decodes"], tables["affine"],
+                              tables.get("compare"))  # fmt: skip
     print(text, end="")
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        if compared is not None:
-            compared.to_csv(args.out / "compare.csv", index=False)
-        gaps.to_csv(args.out / "gaps.csv", index=False)
-        decodes.to_csv(args.out / "decodes.csv", index=False)
-        fits.to_csv(args.out / "affine.csv", index=False)
-        (args.out / "step_residuals.md").write_text(text)
-        print(f"wrote {args.out}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name, table in tables.items():
+        table.to_csv(args.out / f"{name}.csv", index=False)
+    (args.out / "step_residuals.md").write_text(text)
+    write_manifest(args.out, profiles=[args.profile, *args.compare])
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -10,10 +10,10 @@
 #   2. the profiler (its gpu grid, no point started after 120 s of it, so that
 #      the replay and the table still fit) on the Llama-3-8B shape: profiles/h200/llama3-8b.csv, the
 #      simulator's calibration on this GPU
-#   3. sim-vs-real fidelity with that profile (experiments/fidelity.py: four
+#   3. sim-vs-real fidelity with that profile (python -m experiments.fidelity: four
 #      policies on Azure conv at 70% of capacity; needs Hydra and simpy, which
 #      a bare machine lacks: see below), its real runs and tables packed into
-#      fidelity.tgz, so that `fidelity.py --reuse` re-simulates them anywhere
+#      fidelity.tgz, so that `python -m experiments.fidelity --reuse` re-simulates them anywhere
 #   4. the kernel, decode-step and offline-throughput benchmarks
 # The machine's python3 needs torch, triton, transformers, safetensors, pyyaml,
 # numpy, pandas, matplotlib and pytest. Where .devsite/site exists its packages
@@ -82,7 +82,7 @@ if [[ $PARTS == *,fidelity,* ]] && [ -f "$PROFILE" ] && "$PY" -c "import hydra, 
   # not most of the card: the runs share one process, each freeing the last
   # one's before it builds its own); the trace's tenants and priority classes
   # for vtc and priority.
-  step "sim-vs-real fidelity" 200 "$PY" experiments/fidelity.py \
+  step "sim-vs-real fidelity" 200 "$PY" -m experiments.fidelity \
     --policies fcfs priority sjf vtc --traces azure_conv \
     --num-requests "${GPU_CHECK_REQUESTS:-200}" \
     --extra "hardware=$HW" "model=$MODEL" engine.max_num_seqs=256 \

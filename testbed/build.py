@@ -115,7 +115,7 @@ def engine_args(cfg: DictConfig) -> EngineArgs:
         device=cfg.mode.device,
         attention_backend=e.attention_backend,
         threads=cfg.hardware.threads,
-        cpus=cfg.hardware.cpus,
+        cpus=OmegaConf.to_container(cfg.hardware.cpus) if cfg.hardware.cpus is not None else None,
         seed=cfg.seed,
     )
 

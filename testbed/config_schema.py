@@ -143,7 +143,15 @@ def policy_node(name: str) -> type:
         if param.default is inspect.Parameter.empty:
             raise TypeError(f"policy {name!r}: argument {param.name!r} needs a default")
         fields.append((param.name, hints.get(param.name, Any), field(default=param.default)))
-    return dataclasses.make_dataclass(f"{cls.__name__}Options", fields)
+    node = dataclasses.make_dataclass(f"{cls.__name__}Options", fields)
+    node.__module__ = __name__
+    return node
+
+
+# The bundled policies' option classes, as attributes of this module so that a
+# config holding one pickles (a run's config sent to another process).
+POLICY_OPTIONS = {name: policy_node(name) for name in REGISTRY}
+globals().update({node.__name__: node for node in POLICY_OPTIONS.values()})
 
 
 # --- registration and composition ---
@@ -160,8 +168,8 @@ def register() -> None:
     cs.store(group="mode", name="profile", node=ProfileMode)
     cs.store(group="hardware", name="base_hardware", node=HardwareConfig)
     cs.store(group="model", name="base_model", node=ModelEntry)
-    for name in REGISTRY:
-        cs.store(group="policy", name=name, node=policy_node(name))
+    for name, node in POLICY_OPTIONS.items():
+        cs.store(group="policy", name=name, node=node)
 
 
 def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:

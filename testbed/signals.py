@@ -4,7 +4,7 @@
 with SIGTERM, which Python does not turn into an exception: without this, a real
 run, a profile or an experiment stopped that way would die without writing its
 files. The entry points (``run.py``, ``python -m testbed.profiling``,
-``experiments/fidelity.py``) install the handler; a second SIGTERM kills at once.
+``python -m experiments.fidelity``) install the handler; a second SIGTERM kills at once.
 """
 
 from __future__ import annotations

@@ -64,3 +64,12 @@ def test_hardware_and_model_entries_fill_their_schema():
     assert cfg.model.hf_config.num_hidden_layers == 32 and cfg.model.path is None
     h200 = compose_config(["hardware=h200"]).hardware
     assert h200.threads is None and h200.kv_cache_bytes is None
+
+
+def test_a_composed_config_pickles_with_its_policy_options():
+    # A run's config is sent to other processes (a spawned probe, a launcher's workers).
+    import pickle
+
+    cfg = compose_config(["policy=vtc", "policy.output_weight=3", "hardware.cpus=[0]"])
+    again = pickle.loads(pickle.dumps(cfg))
+    assert again == cfg and again.policy.output_weight == 3.0

@@ -71,7 +71,7 @@ def machine_name(device: torch.device) -> str:
     name for a CUDA device, else :func:`cpu_name`. A profile records it
     (``machine``) and so does every real run's ``metrics.json``, so that a run
     compared with a profile measured elsewhere says so
-    (experiments/fidelity.py)."""
+    (the fidelity experiment, experiments/fidelity)."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return cpu_name()

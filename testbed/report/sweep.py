@@ -10,7 +10,7 @@ there. Two checks a sweep needs:
   printed for the fidelity targets (throughput, mean TPOT and E2E, p50 TTFT),
   beside the real run's speed against the profile: the simulation runs at the
   profile's speed, so on a machine that moved the error is partly the machine's
-  (``experiments/fidelity.py`` separates the two);
+  (``python -m experiments.fidelity`` separates the two);
 * real runs whose steps took different multiples of their profile's prediction
   (``speed_vs_profile``, see :func:`testbed.sim.run_speed.speed_against`) are
   flagged: on a shared machine, what separates two real runs is partly the
@@ -45,7 +45,7 @@ COLUMNS = {
     "speed_vs_profile": "speed vs profile",
 }
 # What a simulation is held to against its real run (relative error): the
-# issue's fidelity targets, also experiments/fidelity.py's
+# fidelity targets, also the fidelity experiment's (experiments/fidelity)
 TARGETS = {"throughput_req_s": 0.05, "tpot_s_mean": 0.05, "e2e_s_mean": 0.05, "ttft_s_p50": 0.10}
 # Real runs whose speed_vs_profile differs by more than this are flagged
 SPEED_SPREAD = 0.05

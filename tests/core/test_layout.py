@@ -11,6 +11,7 @@ model-loading test failed with "cannot import name 'CUDAProperties' from 'kernel
 from __future__ import annotations
 
 import importlib.metadata
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,9 +27,30 @@ def test_the_project_has_the_top_level_packages_it_packages():
     assert {"testbed", "policies", "traces", "experiments"} <= set(top_level_packages())
 
 
+def own_distribution() -> str:
+    """The project's own distribution (``[project] name``): installed editable by the
+    bootstrap, it provides our top-level packages rather than shadowing them."""
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["name"]
+
+
+def shadowed(installed: dict[str, list[str]], packages: list[str], own: str) -> dict:
+    """Each of ``packages`` that a distribution other than ``own`` also provides."""
+    return {
+        name: others
+        for name in packages
+        if (others := [d for d in installed.get(name, []) if d != own])
+    }
+
+
+def test_only_our_own_distribution_may_provide_our_package_names():
+    installed = {"testbed": ["testbed"], "kernels": ["kernels"], "traces": ["testbed", "traces"]}
+    found = shadowed(installed, ["testbed", "kernels", "traces", "policies"], own="testbed")
+    assert found == {"kernels": ["kernels"], "traces": ["traces"]}
+
+
 def test_no_top_level_package_shares_its_import_name_with_an_installed_distribution():
     installed = importlib.metadata.packages_distributions()
-    clashes = {name: installed[name] for name in top_level_packages() if name in installed}
+    clashes = shadowed(installed, top_level_packages(), own_distribution())
     assert not clashes, (
         f"top-level packages of {ROOT.name}/ shadow installed distributions (import name: "
         f"distributions): {clashes}; move or rename ours"

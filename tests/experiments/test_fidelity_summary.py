@@ -82,6 +82,7 @@ def test_main_skips_folders_without_results_and_names_them(tmp_path, capsys):
     assert "skipped" in captured.err and "empty" in captured.err
     written = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert written["experiments"][0]["experiment"] == "good"
+    assert (tmp_path / "out" / "manifest.json").is_file()
     with pytest.raises(SystemExit):
         fs.main([str(empty)])
 

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from experiments import pool_fidelity
-from experiments.fidelity import read_experiment
+from experiments.fidelity.report import read_experiment
 from experiments.pool_fidelity import check_alike, count_within, pool
 
 META = dict(
@@ -19,8 +19,8 @@ META = dict(
 
 
 def table(rows: list[tuple]) -> pd.DataFrame:
-    """fidelity.csv rows: (trace, policy, err_tpot_s_mean, err_e2e_s_mean[, idle_err_...])."""
-    columns = ["trace", "policy", "err_tpot_s_mean", "err_e2e_s_mean", "idle_err_e2e_s_mean"]
+    """fidelity.csv rows: (trace, policy, err_tpot_s_mean, err_e2e_s_mean[, ref_err_...])."""
+    columns = ["trace", "policy", "err_tpot_s_mean", "err_e2e_s_mean", "ref_err_e2e_s_mean"]
     return pd.DataFrame(rows, columns=columns[: len(rows[0])])
 
 
@@ -41,9 +41,9 @@ def test_pool_gives_mean_spread_and_count_within_target_per_pair():
     assert e2e["within"] == 1  # only b's +2% is within 5%
     assert [e2e["err_a"], e2e["err_b"], e2e["err_c"]] == list(values)  # in the order given
     # a column only one experiment has: pooled over that one, the others blank
-    idle = pooled.loc[("sjf", "idle_err", "e2e_s_mean")]
-    assert idle["n"] == 1 and idle["mean"] == pytest.approx(0.09) and np.isnan(idle["sd"])
-    assert np.isnan(idle["err_a"]) and idle["within"] == 0
+    ref = pooled.loc[("sjf", "ref_err", "e2e_s_mean")]
+    assert ref["n"] == 1 and ref["mean"] == pytest.approx(0.09) and np.isnan(ref["sd"])
+    assert np.isnan(ref["err_a"]) and ref["within"] == 0
     # the pooled means: fcfs TPOT +1.0%, E2E +1.0%; sjf TPOT +2.0%, E2E +1.3%
     both = pool(tables)
     both = both[(both["variant"] == "err")]
@@ -129,6 +129,7 @@ def test_main_writes_pooled_tables_with_the_noise_floor_apart(tmp_path, monkeypa
     )
     assert "real vs real" not in signal and "az fcfs (real vs real)" in noise
     assert json.loads((out / "pooled.json").read_text())["meta"]["a"] == META
+    assert json.loads((out / "manifest.json").read_text())["command"]
     assert "within 5% on 1 of 1 pairs" in capsys.readouterr().out
     # --names must name each experiment once
     monkeypatch.setattr(sys, "argv", [*argv, "--names", "s1", "s1"])

@@ -102,7 +102,7 @@ def test_a_grid_fast_because_the_machine_was_is_told_by_the_phases_reference(tmp
 def test_runs_are_scaled_against_the_profiles_replay_reference_where_it_has_one():
     from types import SimpleNamespace
 
-    from experiments.fidelity import profile_reference
+    from experiments.fidelity.speeds import profile_reference
 
     whole = {"reference_probe_s": "0.02 (median of 9 samples beside the busy engine)"}
     assert profile_reference(SimpleNamespace(header=whole)) == 0.02
