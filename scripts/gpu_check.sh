@@ -35,6 +35,8 @@ export PYTHONUNBUFFERED=1 TESTBED_NO_BOOTSTRAP=1 MPLBACKEND=Agg
 PY=${PYTHON:-python3}
 MODEL=${GPU_CHECK_MODEL:-llama3-8b}
 HW=${GPU_CHECK_HARDWARE:-h200}
+# The project from this checkout (no bootstrap here, so nothing installs it).
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 [ -d .devsite/site ] && export PYTHONPATH=$PWD/.devsite/site${PYTHONPATH:+:$PYTHONPATH}
 [ -d .devsite/traces ] && export TESTBED_TRACES_DIR=$PWD/.devsite/traces
 exec > >(tee -a "$OUT/run.log") 2>&1
