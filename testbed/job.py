@@ -76,6 +76,8 @@ def run_from_config(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[
         **extra,
     }
     report(cfg, run_dir, result, req_df, metrics, load, wall_start)
+    if isinstance(result.error, KeyboardInterrupt):
+        raise result.error  # written; the entry point exits with the signal's status
     if result.error is not None:
         raise RuntimeError(f"the run failed; what it measured is in {run_dir}") from result.error
     return metrics

@@ -10,27 +10,41 @@ files. The entry points (``run.py``, ``python -m testbed.profiling``,
 from __future__ import annotations
 
 import signal
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised as an interrupt so that the work stops as on Ctrl-C."""
+
+
 def interrupt_on_sigterm() -> None:
-    """From now on the first SIGTERM raises KeyboardInterrupt in the main thread."""
+    """From now on the first SIGTERM raises :class:`Terminated` in the main thread."""
 
     def handler(signum, frame):
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+        raise Terminated(f"signal {signal.Signals(signum).name}")
 
     signal.signal(signal.SIGTERM, handler)
+
+
+def exit_status(interrupt: KeyboardInterrupt) -> int:
+    """What a shell reports for a process ended by that signal: 128 + its number
+    (130 for SIGINT, 143 for SIGTERM), as batch schedulers expect."""
+    signum = signal.SIGTERM if isinstance(interrupt, Terminated) else signal.SIGINT
+    return 128 + int(signum)
 
 
 @contextmanager
 def ended_by_interrupts() -> Iterator[None]:
     """Within it, SIGTERM is an interrupt, and an interrupt that reaches its end
     (after the work has written what it measured) ends the program with the
-    message "interrupted" (exit status 1) instead of a traceback."""
+    message "interrupted" and the signal's exit status (:func:`exit_status`)
+    instead of a traceback."""
     interrupt_on_sigterm()
     try:
         yield
-    except KeyboardInterrupt:
-        raise SystemExit("interrupted") from None
+    except KeyboardInterrupt as e:
+        print("interrupted", file=sys.stderr, flush=True)
+        raise SystemExit(exit_status(e)) from None

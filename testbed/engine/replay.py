@@ -68,8 +68,8 @@ def replay(
                 num_done += len(res.finished)
                 if on_progress is not None:
                     on_progress(res.start_s + res.latency_s, num_done)
-    except KeyboardInterrupt:
-        partial, reason = True, "interrupted"
+    except KeyboardInterrupt as e:  # the caller re-raises it once the run is written
+        partial, reason, error = True, "interrupted", e
     except Exception as e:  # keep what was measured; the caller re-raises
         partial, reason, error = True, f"error: {e!r}", e
     return RunResult(

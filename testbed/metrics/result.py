@@ -18,5 +18,6 @@ class RunResult:
     num_jumped_steps: int = 0
     partial: bool = False
     stop_reason: str = "finished"
-    error: Exception | None = None  # what stopped the run, if it failed
+    # What stopped the run early: an exception, or the interrupt (Ctrl-C, SIGTERM).
+    error: BaseException | None = None
     extra: dict = field(default_factory=dict)

@@ -243,8 +243,8 @@ class Simulation:
             env.run(until=self.max_sim_time_s)
             if self.num_finished < len(self.requests):
                 partial, reason = True, f"stopped at max_sim_time_s={self.max_sim_time_s}"
-        except KeyboardInterrupt:
-            partial, reason = True, "interrupted"
+        except KeyboardInterrupt as e:  # the caller re-raises it once the run is written
+            partial, reason, error = True, "interrupted", e
         except Exception as e:  # keep what was measured; the caller re-raises
             partial, reason, error = True, f"error: {e!r}", e
         finally:

@@ -3,12 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
-import threading
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -17,7 +12,7 @@ import torch
 
 from testbed.engine.device import machine_name
 from testbed.job import run_from_config
-from tests.sim.helpers import compose_cfg
+from tests.sim.helpers import compose_cfg, run_and_signal
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -153,33 +148,12 @@ def test_idle_probe_samples_only_between_steps_and_delays_no_arrival(tmp_path):
 @pytest.mark.slow
 def test_a_real_run_stopped_by_sigterm_writes_what_it_measured(tmp_path):
     # timeout, kill and batch schedulers stop a process with SIGTERM: run.py ends the
-    # run as on Ctrl-C, with its files written and marked partial.
-    cmd = [
-        sys.executable,
-        str(ROOT / "run.py"),
-        "mode=real",
-        "trace.num_requests=400",
-        "trace.rate=4",
-        "logging=disabled",
-        "plots=false",
-        "progress=true",  # its bar appears as the replay starts
-        f"hydra.run.dir={tmp_path}",
-    ]
-    env = {**os.environ, "TESTBED_NO_BOOTSTRAP": "1"}
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    err: list[str] = []
-    reader = threading.Thread(target=lambda: err.extend(iter(lambda: proc.stderr.read(1), "")))
-    reader.start()
-    deadline = time.monotonic() + 300
-    while "req" not in "".join(err) and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    time.sleep(2.0)  # a few requests in
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=120)
-    reader.join(timeout=10)
-    assert proc.returncode == 0, "".join(err)[-2000:]
+    # run as on Ctrl-C, with its files written and marked partial, and exits with
+    # 128 + SIGTERM as shells and batch schedulers expect.
+    args = ["mode=real", "trace.num_requests=400", "trace.rate=4", "logging=disabled"]
+    status, out, err = run_and_signal([*args, "plots=false"], signal.SIGTERM, tmp_path)
+    assert status == 143, err[-2000:]
+    assert "interrupted" in err
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["partial"] is True and metrics["stop_reason"] == "interrupted"
     assert 0 < metrics["num_finished"] < 400

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -39,6 +44,27 @@ def compose_cfg(*overrides: str):
 def run(tmp_path: Path, *overrides: str, name: str = "run") -> dict:
     """A quiet run of the config with ``overrides``, in ``tmp_path / name``."""
     return run_from_config(compose_cfg(*QUIET, *overrides), tmp_path / name)
+
+
+def run_and_signal(args: list[str], sig: int, run_dir: Path) -> tuple[int, str, str]:
+    """``python run.py <args>`` with a progress bar, sent ``sig`` two seconds after
+    the bar appears (the run is under way); its exit status, stdout and stderr."""
+    cmd = [sys.executable, str(ROOT / "run.py"), *args, "progress=true", f"hydra.run.dir={run_dir}"]
+    env = {**os.environ, "TESTBED_NO_BOOTSTRAP": "1"}
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.extend(iter(lambda: proc.stderr.read(1), "")))
+    reader.start()
+    deadline = time.monotonic() + 300
+    while "req" not in "".join(err) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2.0)
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=120)
+    reader.join(timeout=10)
+    return proc.returncode, out, "".join(err)
 
 
 def latency_model(model: str = "llama3-8b", hardware: str = "h200"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 
 from policies.fcfs import FCFS
 from testbed.job import run_from_config
-from tests.sim.helpers import QUIET, compose_cfg, run
+from tests.sim.helpers import QUIET, compose_cfg, run, run_and_signal
 from traces import traces_dir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -273,3 +274,18 @@ def test_latency_scale_stretches_every_simulated_step(tmp_path):
     assert slow["e2e_s_mean"] == pytest.approx(1.5 * base["e2e_s_mean"])
     with pytest.raises(ValueError, match="latency_scale must be positive"):
         run(tmp_path, "trace.num_requests=3", "mode.latency_scale=0", name="bad")
+
+
+@pytest.mark.slow
+def test_a_simulation_stopped_by_ctrl_c_writes_its_files_and_exits_130(tmp_path):
+    args = [
+        "trace.num_requests=400000",
+        "trace.rate=100",
+        "mode.fast_forward=false",  # slow enough to be stopped part-way
+        *[q for q in QUIET if not q.startswith("progress")],
+    ]
+    status, _, err = run_and_signal(args, signal.SIGINT, tmp_path)
+    assert status == 130, err[-2000:]
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["partial"] is True and metrics["stop_reason"] == "interrupted"
+    assert 0 < metrics["num_finished"] < 400_000
