@@ -7,6 +7,7 @@
 On a fresh machine the first call sets up ``.venv`` (see testbed/bootstrap.py).
 """
 
+import os
 import sys
 from pathlib import Path
 
@@ -27,11 +28,18 @@ config_schema.register()  # the config groups' structured configs (testbed/confi
 
 @hydra.main(config_path="conf", config_name="config", version_base=None)
 def main(cfg: DictConfig) -> float:
+    from testbed.errors import InputError
     from testbed.job import run_from_config
     from testbed.signals import ended_by_interrupts
 
     with ended_by_interrupts():  # a run stopped by timeout or kill writes what it measured
-        metrics = run_from_config(cfg)
+        try:
+            metrics = run_from_config(cfg)
+        except InputError as e:  # the message alone; the traceback with HYDRA_FULL_ERROR=1
+            if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                raise
+            print(f"Error: {e}", file=sys.stderr)
+            sys.exit(2)
     # A number for Hydra's sweepers to optimise: the mean end-to-end latency.
     return metrics.get("e2e_s_mean", 0.0)
 

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from testbed.core import SchedulerConfig
 from testbed.engine.args import EngineArgs
+from testbed.errors import InputError
 from testbed.hardware import HardwareSpec
 from testbed.models import PROJECT_ROOT, ModelSpec, ResolvedModel, num_kv_blocks, resolve_model
 from testbed.sim.latency import LatencyModel
@@ -42,14 +43,21 @@ def in_project(path: str | Path) -> Path:
 
 def run_model(cfg: DictConfig) -> ResolvedModel:
     """The run's model (``cfg.model``): its name, HF config and weights folder."""
-    return resolve_model(OmegaConf.to_container(cfg.model, resolve=True))
+    return resolved(cfg.model)
 
 
 def model_spec(model: Mapping[str, Any]) -> ModelSpec:
     """The shape of a model config group entry (``cfg.model``)."""
+    return resolved(model).spec()
+
+
+def resolved(model: Mapping[str, Any]) -> ResolvedModel:
     if isinstance(model, DictConfig):
         model = OmegaConf.to_container(model, resolve=True)
-    return resolve_model(model).spec()
+    try:
+        return resolve_model(model)
+    except (ValueError, FileNotFoundError) as e:
+        raise InputError(f"model={model.get('name')}: {e}") from e
 
 
 def hardware_spec(cfg: DictConfig) -> HardwareSpec:
@@ -100,7 +108,7 @@ def engine_args(cfg: DictConfig) -> EngineArgs:
     """The real engine's options from the engine, hardware, mode and policy groups."""
     e = cfg.engine
     return EngineArgs(
-        model=cfg.model.name,
+        model=run_model(cfg).name,
         policy=policy_config(cfg),
         max_num_seqs=e.max_num_seqs,
         max_num_batched_tokens=e.max_num_batched_tokens,
@@ -156,11 +164,19 @@ def trace_options(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def run_trace(cfg: DictConfig, rate: float | None = None) -> pd.DataFrame:
-    """The run's trace, rescaled to ``rate`` req/s where given."""
+    """The run's trace, rescaled to ``rate`` req/s where given. A trace that cannot
+    be loaded or holds no request is an :class:`InputError`."""
     options = trace_options(OmegaConf.to_container(cfg.trace, resolve=True))
     if rate is not None:
         options["rate"] = rate
-    return load_trace(cfg.trace.name, **options)
+    name = cfg.trace.name
+    try:
+        trace = load_trace(name, **options)
+    except (ValueError, FileNotFoundError) as e:
+        raise InputError(f"trace={name}: {e}") from e
+    if trace.empty:
+        raise InputError(f"trace={name}: no requests to run (the trace as loaded is empty)")
+    return trace
 
 
 def load_requests(

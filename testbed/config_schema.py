@@ -20,9 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from policies import REGISTRY, policy_class
+from policies.routers import ROUTERS
+from testbed.errors import InputError
 from testbed.hardware import HardwareSpec
 from testbed.models import PROJECT_ROOT
 
@@ -152,6 +154,78 @@ def policy_node(name: str) -> type:
 # config holding one pickles (a run's config sent to another process).
 POLICY_OPTIONS = {name: policy_node(name) for name in REGISTRY}
 globals().update({node.__name__: node for node in POLICY_OPTIONS.values()})
+
+
+# --- checks a type cannot express ---
+
+
+# (group, field) -> (check, what is allowed); None passes where the field is optional.
+def _positive(x) -> bool:
+    return x is None or x > 0
+
+
+def _at_least(n: float):
+    return lambda x: x is None or x >= n
+
+
+RANGES: dict[tuple[str, str], tuple[Any, str]] = {
+    ("engine", "block_size"): (_at_least(1), "an integer >= 1"),
+    ("engine", "max_num_batched_tokens"): (_at_least(1), "an integer >= 1"),
+    ("engine", "max_num_seqs"): (_at_least(1), "an integer >= 1"),
+    ("engine", "max_model_len"): (_at_least(1), "null or an integer >= 1"),
+    ("engine", "long_prefill_token_threshold"): (_at_least(0), "an integer >= 0 (0: no cap)"),
+    ("engine", "num_kv_blocks"): (_at_least(1), "null or an integer >= 1"),
+    ("engine", "gpu_memory_utilization"): (lambda x: 0 < x <= 1, "in (0, 1]"),
+    ("engine", "kv_cache_bytes"): (_positive, "null or > 0"),
+    ("engine", "num_speculative_tokens"): (_at_least(0), "an integer >= 0"),
+    ("engine", "spec_acceptance_rate"): (lambda x: 0 <= x <= 1, "in [0, 1]"),
+    ("engine", "attention_backend"): (
+        lambda x: x in ("auto", "triton", "torch"),
+        "auto, triton or torch",
+    ),
+    ("cluster", "num_replicas"): (_at_least(1), "an integer >= 1"),
+    ("cluster", "router"): (lambda x: x in ROUTERS, f"one of {', '.join(sorted(ROUTERS))}"),
+    ("mode", "latency_scale"): (_positive, "> 0"),
+    ("mode", "max_sim_time_s"): (_positive, "null or > 0"),
+    ("mode", "max_wall_s"): (_positive, "null or > 0"),
+    ("mode", "repeats"): (_at_least(1), "an integer >= 1"),
+    ("mode", "warmup"): (_at_least(0), "an integer >= 0"),
+    ("hardware", "threads"): (_at_least(1), "null or an integer >= 1"),
+    ("hardware", "kv_cache_bytes"): (_positive, "null or > 0"),
+}
+# Groups whose options are dataclasses: a key outside them (``+engine.x=1``, which
+# Hydra lets through) is refused as a typo would be.
+SCHEMA_GROUPS = ("engine", "cluster", "mode", "hardware", "model", "policy")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Check what the types cannot: each field's range (:data:`RANGES`), keys added
+    to a typed group with ``+``, and combinations no mode supports. Raises an
+    :class:`~testbed.errors.InputError` naming the key, its value and what is allowed."""
+    for group in SCHEMA_GROUPS:
+        node = cfg[group]
+        declared = OmegaConf.get_type(node)
+        if dataclasses.is_dataclass(declared):
+            known = {f.name for f in dataclasses.fields(declared)}
+            if extra := sorted(set(node) - known):
+                of = f"{group}={node.name}" if "name" in node else f"the {group} group"
+                raise InputError(
+                    f"{group}.{extra[0]}: no such option of {of} "
+                    f"(its options: {', '.join(sorted(known - {'name'}))})"
+                )
+    for (group, key), (ok, allowed) in RANGES.items():
+        if key in cfg[group] and not ok(cfg[group][key]):
+            raise InputError(f"{group}.{key}={cfg[group][key]}: must be {allowed}")
+    for group in ("trace", "policy"):
+        if missing := sorted(OmegaConf.missing_keys(cfg[group])):
+            raise InputError(f"{group}={cfg[group].name} needs {missing[0]}=<value>")
+    if cfg.mode.name == "real" and cfg.cluster.num_replicas > 1:
+        raise InputError(
+            f"cluster.num_replicas={cfg.cluster.num_replicas}: the real engine runs one "
+            "replica (multi-replica serving is simulated only: mode=sim)"
+        )
+    if cfg.get("load") is not None and not cfg.load > 0:
+        raise InputError(f"load={cfg.load}: must be a fraction of the capacity, above 0")
 
 
 # --- registration and composition ---

@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 
 from testbed.build import load_requests, model_spec
 from testbed.capacity import scaled_to_load
+from testbed.config_schema import validate
 from testbed.metrics.summary import requests_frame, summarize
 from testbed.modes.sim import simulate
 from testbed.report.console import print_summary
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 
 def run_from_config(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     """Run ``cfg`` and write its run directory; returns ``metrics.json``'s contents."""
+    validate(cfg)
     if cfg.mode.name == "profile":
         from testbed.modes.profile import profile  # torch, only where a mode needs it
 
@@ -97,6 +99,8 @@ def run_fields(cfg: DictConfig, model: str, trace: pd.DataFrame) -> dict[str, An
         "trace": cfg.trace.name,
         "model": model,
         "hardware": cfg.hardware.name,
+        "num_replicas": cfg.cluster.num_replicas,
+        "router": cfg.cluster.router,
         "seed": cfg.seed,
         "trace_notes": "; ".join(trace.attrs.get("notes", [])),
     }

@@ -43,7 +43,12 @@ class ResolvedModel:
 def resolve_model(model: Mapping[str, Any] | str | Path) -> ResolvedModel:
     """The model of a model config group entry (``name`` with ``hf_config`` or
     ``path``), of a ``conf/model/`` name, or of an HF folder (``config.json`` and
-    weights). A relative ``path`` is relative to the project."""
+    weights). A relative ``path`` is relative to the project.
+
+    An entry's ``path`` wins over its ``hf_config``: ``model=llama3-8b
+    model.path=<folder>`` loads that folder's config and weights, and the model is
+    then named after the folder (its runs, profile and labels are that model's,
+    not the shape's the entry described)."""
     if not isinstance(model, Mapping):
         path = Path(model)
         if path.is_dir() or (path.suffix == ".json" and path.exists()):
@@ -51,13 +56,15 @@ def resolve_model(model: Mapping[str, Any] | str | Path) -> ResolvedModel:
             return ResolvedModel(folder.name, read_hf_config(folder), folder, str(folder))
         model = model_config(str(model))
     name = model["name"]
+    if model.get("path"):
+        folder = Path(_env_interpolation(str(model["path"])))
+        folder = folder if folder.is_absolute() else PROJECT_ROOT / folder
+        if model.get("hf_config"):  # a path set over an entry that describes a shape
+            name = folder.name
+        return ResolvedModel(name, read_hf_config(folder), folder, str(folder / "config.json"))
     if model.get("hf_config"):
         return ResolvedModel(name, dict(model["hf_config"]), None, f"model={name}")
-    if not model.get("path"):
-        raise ValueError(f"model {name!r} needs hf_config or path")
-    folder = Path(_env_interpolation(str(model["path"])))
-    folder = folder if folder.is_absolute() else PROJECT_ROOT / folder
-    return ResolvedModel(name, read_hf_config(folder), folder, str(folder / "config.json"))
+    raise ValueError(f"model {name!r} needs hf_config or path")
 
 
 def model_config(name: str) -> dict[str, Any]:

@@ -5,13 +5,15 @@ options and defaults are its class's."""
 from __future__ import annotations
 
 import inspect
+import os
 
 import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from policies import REGISTRY, make_policy, policy_class
-from testbed.config_schema import compose_config
+from testbed.config_schema import compose_config, validate
+from testbed.errors import InputError
 
 
 @pytest.mark.parametrize(
@@ -73,3 +75,51 @@ def test_a_composed_config_pickles_with_its_policy_options():
     cfg = compose_config(["policy=vtc", "policy.output_weight=3", "hardware.cpus=[0]"])
     again = pickle.loads(pickle.dumps(cfg))
     assert again == cfg and again.policy.output_weight == 3.0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["engine.block_size=0"], r"engine\.block_size=0: must be an integer >= 1"),
+        (
+            ["engine.gpu_memory_utilization=1.5"],
+            r"gpu_memory_utilization=1\.5: must be in \(0, 1\]",
+        ),
+        (["cluster.router=nope"], r"cluster\.router=nope: must be one of least_outstanding"),
+        (["mode.latency_scale=0"], r"mode\.latency_scale=0\.0: must be > 0"),
+        (["+engine.max_num_seq=4"], r"engine\.max_num_seq: no such option of the engine group"),
+        (["+policy.foo=1"], r"policy\.foo: no such option of policy=fcfs"),
+        (["mode=real", "cluster=replicas4"], r"cluster\.num_replicas=4: the real engine runs one"),
+        (["trace=csv"], r"trace=csv needs trace\.path=<value>"),
+        (["policy=custom"], r"policy=custom needs policy\._target_=<value>"),
+        (["load=0"], r"load=0: must be a fraction of the capacity"),
+    ],
+)
+def test_validate_names_the_key_its_value_and_what_is_allowed(overrides, message):
+    with pytest.raises(InputError, match=message):
+        validate(compose_config(overrides))
+
+
+def test_a_custom_policy_may_take_arguments_the_schema_does_not_know():
+    validate(compose_config(["policy=custom", "policy._target_=a.B", "+policy.weight=2"]))
+
+
+def test_run_py_prints_an_input_error_alone_and_exits_2(tmp_path):
+    import subprocess
+    import sys
+
+    from testbed.models import PROJECT_ROOT
+
+    cmd = [sys.executable, str(PROJECT_ROOT / "run.py"), "engine.block_size=0"]
+    cmd += ["logging=disabled", f"hydra.run.dir={tmp_path}"]
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    res = subprocess.run(
+        cmd, capture_output=True, text=True, env={**env, "TESTBED_NO_BOOTSTRAP": "1"}
+    )
+    assert res.returncode == 2
+    assert res.stderr.strip() == "Error: engine.block_size=0: must be an integer >= 1"
+    full = subprocess.run(
+        cmd, capture_output=True, text=True,
+        env={**env, "TESTBED_NO_BOOTSTRAP": "1", "HYDRA_FULL_ERROR": "1"},
+    )  # fmt: skip
+    assert "Traceback" in full.stderr and "InputError" in full.stderr

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from numbers import Integral
 from pathlib import Path
 from typing import Any
 
 from testbed.core import Request, SamplingParams
 from testbed.engine.args import EngineArgs
-from testbed.engine.factory import build_engine
+from testbed.engine.factory import build_engine, engine_model
 
 
 @dataclass
@@ -36,8 +37,9 @@ class LLM:
 
     def __init__(self, model: str, **engine_options: Any) -> None:
         self.args = EngineArgs(model=model, **engine_options)
-        self.engine, self.executor, self.config = build_engine(self.args)
-        self.tokenizer = _load_tokenizer(model)
+        resolved = engine_model(model)
+        self.engine, self.executor, self.config = build_engine(self.args, model=resolved)
+        self.tokenizer = _load_tokenizer(resolved[1])
         self._counter = 0
 
     def generate(
@@ -80,7 +82,7 @@ class LLM:
             if self.tokenizer is None:
                 raise ValueError(f"model {self.args.model!r} has no tokenizer: give token ids")
             return list(self.tokenizer.encode(prompt))
-        return [int(t) for t in prompt]
+        return token_ids(prompt)
 
     def _output(self, r: Request) -> RequestOutput:
         text = self.tokenizer.decode(r.output_token_ids) if self.tokenizer is not None else None
@@ -93,11 +95,25 @@ class LLM:
         )
 
 
-def _load_tokenizer(model: str):
-    """The folder's tokenizer (local files only), or None."""
-    path = Path(model)
-    if not (path.is_dir() and (path / "tokenizer.json").exists()):
+def token_ids(prompt: Sequence[int]) -> list[int]:
+    """A prompt's token ids, which must be integers (a float or a string is refused,
+    not truncated or parsed)."""
+    ids = list(prompt)
+    for i, t in enumerate(ids):
+        if isinstance(t, bool) or not isinstance(t, Integral):
+            raise TypeError(
+                f"prompt token {i} is {t!r} ({type(t).__name__}): token ids must be integers "
+                "(or give the prompt as a string, for a model with a tokenizer)"
+            )
+    return [int(t) for t in ids]
+
+
+def _load_tokenizer(folder: Path | None):
+    """The model folder's tokenizer (local files only), or None (dummy weights, or
+    a folder without tokenizer.json)."""
+    if folder is None or not (folder / "tokenizer.json").exists():
         return None
+    path = folder
     from tokenizers import Tokenizer
 
     return _Tokenizer(Tokenizer.from_file(str(path / "tokenizer.json")))

@@ -15,7 +15,8 @@ from testbed.profiling.profiler import run_profile
 
 def profile(cfg: DictConfig) -> dict[str, Any]:
     """Profile ``cfg``'s model on its hardware; where the table went and its fit."""
-    print(f"profiling {cfg.model.name} on {cfg.hardware.name}: grid {cfg.mode.grid}")
+    model = engine_model(cfg)
+    print(f"profiling {model[2]} on {cfg.hardware.name}: grid {cfg.mode.grid}")
     path = run_profile(
         engine_args(cfg),
         cfg.mode.grid,
@@ -23,8 +24,8 @@ def profile(cfg: DictConfig) -> dict[str, Any]:
         cfg.mode.warmup,
         in_project(cfg.profiles_dir),
         cfg.hardware.name,
-        cfg.model.name,
-        model=engine_model(cfg),
+        model[2],
+        model=model,
         replay_requests=cfg.mode.replay_requests,
         sparse_requests=cfg.mode.replay_sparse_requests,
         max_grid_s=cfg.mode.max_grid_s,

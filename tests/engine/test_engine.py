@@ -75,6 +75,15 @@ def test_bad_input_is_rejected_with_reasons_and_the_rest_is_served():
     assert outs[1].token_ids == outs[2].token_ids == outs[3].token_ids == []
 
 
+def test_token_ids_must_be_integers():
+    llm = LLM("dummy-llama", num_kv_blocks=64, max_model_len=64)
+    with pytest.raises(TypeError, match=r"prompt token 1 is 1\.9 \(float\): token ids must be"):
+        llm.generate([[5, 1.9, 7]], GREEDY)
+    with pytest.raises(TypeError, match=r"prompt token 0 is '5' \(str\)"):
+        llm.generate([["5", 6]], GREEDY)
+    assert len(llm.generate([[5, 6, 7]], GREEDY)[0].token_ids) == 12
+
+
 def test_missing_and_malformed_checkpoints_fail_clearly(tmp_path):
     with pytest.raises(FileNotFoundError, match="neither an HF folder nor a config"):
         LLM(str(tmp_path / "nowhere"))
@@ -137,6 +146,18 @@ def test_text_prompts_with_the_models_tokenizer():
     out = llm.generate(["Once upon a time"], SamplingParams(temperature=0, max_tokens=20))[0]
     assert out.prompt_token_ids[:2] == llm.tokenizer.encode("Once upon a time")[:2]
     assert len(out.text) > 20
+
+
+def test_a_model_named_by_its_config_has_its_folders_tokenizer():
+    folder = models_dir() / "stories260K" / "hf"
+    if not (folder / "tokenizer.json").exists():
+        pytest.skip(f"stories260K not found at {folder} (set TESTBED_MODELS_DIR)")
+    by_name = LLM("tinystories-260k", num_kv_blocks=64)
+    assert by_name.tokenizer is not None
+    out = by_name.generate(["Once upon a time"], SamplingParams(temperature=0, max_tokens=8))[0]
+    by_path = LLM(str(folder), num_kv_blocks=64)
+    again = by_path.generate(["Once upon a time"], SamplingParams(temperature=0, max_tokens=8))[0]
+    assert out.text and out.text == again.text
 
 
 def test_threads_option_sets_torchs_cpu_threads_and_rejects_nonsense():

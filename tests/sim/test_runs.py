@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from policies.fcfs import FCFS
+from testbed.errors import InputError
 from testbed.job import run_from_config
 from tests.sim.helpers import QUIET, compose_cfg, run, run_and_signal
 from traces import traces_dir
@@ -272,7 +273,7 @@ def test_latency_scale_stretches_every_simulated_step(tmp_path):
     # Equal to the CSV's 9 digits.
     assert b["latency_s"].to_numpy() == pytest.approx(1.5 * a["latency_s"].to_numpy(), rel=1e-6)
     assert slow["e2e_s_mean"] == pytest.approx(1.5 * base["e2e_s_mean"])
-    with pytest.raises(ValueError, match="latency_scale must be positive"):
+    with pytest.raises(InputError, match=r"mode\.latency_scale=0\.0: must be > 0"):
         run(tmp_path, "trace.num_requests=3", "mode.latency_scale=0", name="bad")
 
 
@@ -289,3 +290,18 @@ def test_a_simulation_stopped_by_ctrl_c_writes_its_files_and_exits_130(tmp_path)
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["partial"] is True and metrics["stop_reason"] == "interrupted"
     assert 0 < metrics["num_finished"] < 400_000
+
+
+def test_an_empty_workload_is_an_error_not_a_run_of_nothing(tmp_path):
+    header_only = tmp_path / "empty.csv"
+    header_only.write_text("arrival_s,prompt_tokens,output_tokens\n")
+    with pytest.raises(InputError, match="trace=csv: no requests to run"):
+        run(tmp_path, "trace=csv", f"trace.path={header_only}")
+    assert not (tmp_path / "run" / "metrics.json").exists()
+
+
+def test_metrics_record_the_cluster(tmp_path):
+    m = run(tmp_path, "trace.num_requests=40", "cluster=replicas4")
+    assert (m["num_replicas"], m["router"]) == (4, "least_outstanding")
+    written = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert (written["num_replicas"], written["router"]) == (4, "least_outstanding")
