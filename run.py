@@ -36,12 +36,19 @@ def main(cfg: DictConfig) -> float:
         try:
             metrics = run_from_config(cfg)
         except InputError as e:  # the message alone; the traceback with HYDRA_FULL_ERROR=1
-            if os.environ.get("HYDRA_FULL_ERROR") == "1":
-                raise
+            if os.environ.get("HYDRA_FULL_ERROR") == "1" or in_sweep():
+                raise  # a sweep's job fails (and the sweep goes on); see report/sweep.py
             print(f"Error: {e}", file=sys.stderr)
             sys.exit(2)
     # A number for Hydra's sweepers to optimise: the mean end-to-end latency.
     return metrics.get("e2e_s_mean", 0.0)
+
+
+def in_sweep() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 if __name__ == "__main__":

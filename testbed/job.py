@@ -11,6 +11,7 @@ interrupted (marked partial).
 
 from __future__ import annotations
 
+import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,12 +21,14 @@ from omegaconf import DictConfig
 from testbed.build import load_requests, model_spec
 from testbed.capacity import scaled_to_load
 from testbed.config_schema import validate
+from testbed.errors import InputError
 from testbed.metrics.summary import requests_frame, summarize
 from testbed.modes.sim import simulate
 from testbed.report.console import print_summary
 from testbed.report.plots import write_plots
 from testbed.report.progress import Progress
 from testbed.report.rundir import (
+    claim,
     write_idle_probe,
     write_metrics,
     write_reference_probe,
@@ -48,7 +51,10 @@ def run_from_config(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[
         return profile(cfg)
     wall_start = time.perf_counter()
     run_dir = Path(run_dir if run_dir is not None else hydra_run_dir())
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        claim(run_dir)
+    except OSError as e:
+        raise InputError(f"run directory {run_dir}: cannot be written ({e})") from e
     spec = model_spec(cfg.model)
     load = scaled_to_load(cfg, spec) if cfg.get("load") is not None else {}
     if load:
@@ -115,17 +121,20 @@ def report(
     load: dict[str, Any],
     wall_start: float,
 ) -> None:
-    """Write the run directory, log to W&B and print the summary; ``metrics``
-    gains ``wall_s``, the run's own time, before it is written."""
-    write_tables(run_dir, req_df, result.steps)
-    if result.extra.get("idle_probe") is not None:
-        write_idle_probe(run_dir, result.extra["idle_probe"])
-    if result.extra.get("reference_probe") is not None:
-        write_reference_probe(run_dir, result.extra["reference_probe"])
-    title = f"{cfg.policy.name} on {cfg.trace.name}"
-    plots = write_plots(run_dir, req_df, result.steps, title) if cfg.plots else []
+    """Print the summary, write the run directory and log to W&B; ``metrics``
+    gains ``wall_s``, the run's own time. The summary comes first, so that a run
+    whose folder cannot be written still shows what it measured; its files then
+    go to a fallback folder, and the summary says where."""
     metrics["wall_s"] = time.perf_counter() - wall_start
-    write_metrics(run_dir, metrics)
+    print_summary(metrics)
+    try:
+        plots = write_run_dir(cfg, run_dir, result, req_df, metrics)
+    except OSError as e:
+        fallback = Path(tempfile.mkdtemp(prefix=f"{run_dir.name}-", dir=tempfile.gettempdir()))
+        print(f"  WARNING: cannot write the run directory {run_dir} ({e}); writing to {fallback}")
+        run_dir = fallback
+        plots = write_run_dir(cfg, run_dir, result, req_df, metrics)
+    print(f"  run directory: {run_dir}")
     log_run(
         wandb_settings(cfg),
         run_dir,
@@ -136,4 +145,23 @@ def report(
         result.steps,
         plots,
     )
-    print_summary(metrics, run_dir)
+
+
+def write_run_dir(
+    cfg: DictConfig,
+    run_dir: Path,
+    result: RunResult,
+    req_df: pd.DataFrame,
+    metrics: dict[str, Any],
+) -> list[Path]:
+    """The run directory's files (docs/outputs.md); the plots written."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_tables(run_dir, req_df, result.steps)
+    if result.extra.get("idle_probe") is not None:
+        write_idle_probe(run_dir, result.extra["idle_probe"])
+    if result.extra.get("reference_probe") is not None:
+        write_reference_probe(run_dir, result.extra["reference_probe"])
+    title = f"{cfg.policy.name} on {cfg.trace.name}"
+    plots = write_plots(run_dir, req_df, result.steps, title) if cfg.plots else []
+    write_metrics(run_dir, metrics)
+    return plots

@@ -4,14 +4,13 @@ them where the engine was overloaded or the machine ran off its profile."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 # |speed_vs_profile - 1| above which a real run's summary says the machine moved
 SPEED_NOTE = 0.10
 
 
-def print_summary(m: Mapping[str, Any], run_dir: Path) -> None:
+def print_summary(m: Mapping[str, Any]) -> None:
     rows = [
         ("requests (finished / rejected)", f"{m['num_finished']} / {m['num_rejected']}"),
         (
@@ -64,4 +63,3 @@ def print_summary(m: Mapping[str, Any], run_dir: Path) -> None:
             "compared with each other differ by their machines' speeds as well (see "
             "speed_vs_profile in each metrics.json)."
         )
-    print(f"  run directory: {run_dir}")

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from testbed.errors import InputError
 from testbed.metrics.steplog import StepLog
 
 
@@ -49,3 +52,34 @@ def write_reference_probe(run_dir: Path, table: pd.DataFrame) -> None:
     """``reference_probe.csv``: the reference probe's samples (see
     ``testbed.profiling.reference_probe.sample_table``)."""
     table.to_csv(run_dir / "reference_probe.csv", index=False, float_format="%.6g")
+
+
+CLAIM = ".run"  # created when a run starts in a folder, so that no second run writes there
+SWEEP_ID = "TESTBED_SWEEP_ID"  # set by the sweep summary for its jobs (report/sweep.py)
+
+
+def claim(run_dir: Path) -> None:
+    """Make ``run_dir`` this run's: create it and, atomically, its :data:`CLAIM`
+    file (the sweep it belongs to, the process, the time). A folder another run
+    has claimed is refused: two runs' files would mix in it."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(run_dir / CLAIM, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        owner = read_claim(run_dir)
+        raise InputError(
+            f"run directory {run_dir} already holds a run ({owner}): its files and this "
+            "run's would mix; give this run another folder (hydra.run.dir=...)"
+        ) from None
+    with os.fdopen(fd, "w") as f:
+        owner = {"sweep": os.environ.get(SWEEP_ID), "pid": os.getpid(), "started": time.time()}
+        json.dump(owner, f)
+
+
+def read_claim(run_dir: Path) -> dict[str, Any]:
+    """What a run folder's :data:`CLAIM` says ({} where it has none or cannot be read)."""
+    try:
+        data = json.loads((run_dir / CLAIM).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -16,21 +16,30 @@ there. Two checks a sweep needs:
   flagged: on a shared machine, what separates two real runs is partly the
   machine, not the policy.
 
-Every job directory under the sweep directory counts, also those of an earlier
-sweep into the same ``hydra.sweep.dir`` (so a later simulation sweep pairs with
-earlier real runs).
+The table holds this sweep's own jobs (each run folder's claim names its
+sweep, :func:`testbed.report.rundir.claim`): another sweep writing into the same
+``hydra.sweep.dir`` at the same time adds nothing to it. A simulation may still
+pair with a real run of an earlier sweep there (marked as such). A job that
+failed is listed with its error, and the summary is rewritten after every job,
+so that a sweep stopped by a failing job still has one for the jobs that ran.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import DictConfig
+
+from testbed.report.rundir import SWEEP_ID, read_claim
 
 # metrics.json keys the summary keeps, with their column headings
 COLUMNS = {
@@ -87,29 +96,51 @@ def pair_key(overrides: list[str] | None, metrics: dict[str, Any]) -> tuple[str,
     return tuple(sorted(kept))
 
 
-def sweep_runs(sweep_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    """Every job of the sweep that wrote a ``metrics.json``, in job order: the
-    :data:`COLUMNS`, ``partial``, its directory's name (``run``) and its
-    :func:`pair_key` (``pair``); and the ``metrics.json`` files that could not be
-    read, each with the reason (a job killed while writing it)."""
+FAILED = "failed.json"  # a failed job's error and sweep, in its folder
+
+
+def sweep_runs(sweep_dir: Path, sweep: str | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every job under ``sweep_dir`` that wrote a ``metrics.json``, in job order: the
+    :data:`COLUMNS`, ``partial``, its directory's name (``run``), its
+    :func:`pair_key` (``pair``) and whether it is of the sweep ``sweep`` (``own``;
+    every job where ``sweep`` is None); and the ``metrics.json`` files that could
+    not be read, each with the reason (a job killed while writing it)."""
     runs, unread = [], []
     for run_dir in sorted((p.parent for p in sweep_dir.glob("*/metrics.json")), key=job_order):
+        own = sweep is None or read_claim(run_dir).get("sweep") == sweep
         path = run_dir / "metrics.json"
         try:
             metrics = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as err:
-            unread.append(f"{path}: {err}")
+            if own:
+                unread.append(f"{path}: {err}")
             continue
         if not isinstance(metrics, dict):
-            unread.append(f"{path}: not a JSON object")
+            if own:
+                unread.append(f"{path}: not a JSON object")
             continue
         runs.append({
             "run": run_dir.name,
             **{key: metrics.get(key) for key in COLUMNS},
             "partial": bool(metrics.get("partial")),
             "pair": pair_key(job_overrides(run_dir), metrics),
+            "overrides": job_overrides(run_dir) or [],
+            "own": own,
         })  # fmt: skip
     return runs, unread
+
+
+def failed_jobs(sweep_dir: Path, sweep: str | None = None) -> list[str]:
+    """The jobs of the sweep ``sweep`` that failed, each with its error."""
+    failed = []
+    for path in sorted(sweep_dir.glob(f"*/{FAILED}"), key=lambda p: job_order(p.parent)):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            record = {"error": "(its record cannot be read)"}
+        if sweep is None or record.get("sweep") == sweep:
+            failed.append(f"{path.parent.name}: {record.get('error')}")
+    return failed
 
 
 def fidelity_pairs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -125,7 +156,8 @@ def fidelity_pairs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if len(reals) != 1:
             continue
         real = reals[0]
-        for sim in (r for r in runs if r["pair"] == key and r["mode"] == "sim"):
+        sims = (r for r in runs if r["pair"] == key and r["mode"] == "sim")
+        for sim in (s for s in sims if s.get("own", True) or real.get("own", True)):
             errors = {
                 metric: sim[metric] / real[metric] - 1
                 for metric in TARGETS
@@ -135,8 +167,8 @@ def fidelity_pairs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 abs(e) <= TARGETS[m] for m, e in errors.items()
             )
             pairs.append({
-                "sim": sim["run"],
-                "real": real["run"],
+                "sim": sim["run"] + ("" if sim.get("own", True) else " (earlier sweep)"),
+                "real": real["run"] + ("" if real.get("own", True) else " (earlier sweep)"),
                 **errors,
                 "speed_vs_profile": real.get("speed_vs_profile"),
                 "meets": None if sim["partial"] or real["partial"] else meets,
@@ -150,6 +182,30 @@ def speed_spread(runs: list[dict[str, Any]]) -> tuple[float, float] | None:
     speeds = [r["speed_vs_profile"] for r in runs if r["mode"] == "real"]
     speeds = [s for s in speeds if s is not None]
     return (min(speeds), max(speeds)) if len(speeds) >= 2 else None
+
+
+def swept_keys(runs: list[dict[str, Any]]) -> list[str]:
+    """The override keys whose values differ between the runs (what the sweep
+    varied), in the order they first appear; not those the summary has columns for."""
+    keys: dict[str, set[str]] = {}
+    for r in runs:
+        for o in r.get("overrides", []):
+            key, _, value = o.lstrip("+~").partition("=")
+            keys.setdefault(key, set()).add(value)
+    for r in runs:  # a key some runs do not override varies too
+        present = {o.lstrip("+~").partition("=")[0] for o in r.get("overrides", [])}
+        for key in keys.keys() - present:
+            keys[key].add("")
+    return [k for k, values in keys.items() if len(values) > 1 and k not in COLUMNS]
+
+
+def overridden(run: dict[str, Any], key: str) -> str:
+    """The run's value of an override key ('-' where it does not set it)."""
+    for o in run.get("overrides", []):
+        k, _, value = o.lstrip("+~").partition("=")
+        if k == key:
+            return value
+    return "-"
 
 
 def cell(value: Any) -> str:
@@ -176,15 +232,22 @@ def table(headings: list[str], rows: list[list[str]]) -> str:
     )
 
 
-def summary(runs: list[dict[str, Any]], unread: Sequence[str] = ()) -> str:
-    """The printed summary: the runs, then the sim-vs-real pairs, the speed
-    check and the ``metrics.json`` files that could not be read."""
-    headings = ["run", *COLUMNS.values()]
+def summary(
+    runs: list[dict[str, Any]], unread: Sequence[str] = (), failed: Sequence[str] = ()
+) -> str:
+    """The printed summary: the sweep's own runs, then the sim-vs-real pairs, the
+    speed check, the jobs that failed and the ``metrics.json`` files that could
+    not be read."""
+    own = [r for r in runs if r.get("own", True)]
+    swept = swept_keys(own)
+    headings = ["run", *swept, *COLUMNS.values()]
     rows = [
-        [r["run"] + (" (partial)" if r["partial"] else ""), *(cell(r[k]) for k in COLUMNS)]
-        for r in runs
+        [r["run"] + (" (partial)" if r["partial"] else "")]
+        + [overridden(r, k) for k in swept]
+        + [cell(r[k]) for k in COLUMNS]
+        for r in own
     ]
-    parts = [table(headings, rows)] if runs else []
+    parts = [table(headings, rows)] if own else []
     pairs = fidelity_pairs(runs)
     if pairs:
         heads = ["sim", "real", *(f"{COLUMNS[m]} err" for m in TARGETS)]
@@ -200,7 +263,7 @@ def summary(runs: list[dict[str, Any]], unread: Sequence[str] = ()) -> str:
             "slower or faster than profiled is off by as much, unless simulated at "
             "mode.latency_scale=<its speed vs profile>):\n" + table(heads, lines)
         )
-    spread = speed_spread(runs)
+    spread = speed_spread(own)
     if spread is not None and spread[1] / spread[0] - 1 > SPEED_SPREAD:
         low, high = spread
         parts.append(
@@ -211,32 +274,60 @@ def summary(runs: list[dict[str, Any]], unread: Sequence[str] = ()) -> str:
             "not what the sweep varied. Repeat the sweep (in another order) to see how "
             "much, or compare the policies in simulation."
         )
+    parts += [f"FAILED {f}" for f in failed]
     parts += [f"not read: {u}" for u in unread]
     return "\n\n".join(parts)
 
 
-def write_summary(sweep_dir: Path) -> str | None:
-    """Write ``sweep_summary.csv`` under ``sweep_dir`` (every job directory
-    there, of this sweep or an earlier one into the same directory) and return
-    the printed summary; None where no job wrote a ``metrics.json`` (a sweep of
-    profiles)."""
-    runs, unread = sweep_runs(sweep_dir)
-    if not runs and not unread:
+def write_summary(sweep_dir: Path, sweep: str | None = None) -> str | None:
+    """Write ``sweep_summary.csv`` under ``sweep_dir`` (the jobs of the sweep
+    ``sweep``; every job there where it is None) and return the printed summary;
+    None where no job wrote a ``metrics.json`` or failed (a sweep of profiles)."""
+    runs, unread = sweep_runs(sweep_dir, sweep)
+    failed = failed_jobs(sweep_dir, sweep)
+    own = [r for r in runs if r["own"]]
+    if not own and not unread and not failed:
         return None
     import pandas as pd
 
-    if runs:
-        frame = pd.DataFrame(runs).assign(pair=lambda t: t["pair"].map(" ".join))
-        frame.to_csv(sweep_dir / "sweep_summary.csv", index=False)
-    return summary(runs, unread)
+    if own:
+        swept = swept_keys(own)
+        frame = pd.DataFrame(own).drop(columns=["own", "overrides"])
+        for i, key in enumerate(swept):
+            frame.insert(1 + i, key, [overridden(r, key) for r in own])
+        frame = frame.assign(pair=lambda t: t["pair"].map(" ".join))
+        tmp = sweep_dir / f".sweep_summary.{os.getpid()}.csv"  # jobs in parallel rewrite it
+        frame.to_csv(tmp, index=False)
+        os.replace(tmp, sweep_dir / "sweep_summary.csv")
+    return summary(runs, unread, failed)
 
 
 class SweepSummary(Callback):
-    """Prints and writes the sweep's summary when a multirun ends."""
+    """Gives the sweep an id its jobs' folders record, rewrites its summary after
+    every job (naming a failed job's error) and prints it when the multirun ends."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        os.environ[SWEEP_ID] = uuid.uuid4().hex  # inherited by launcher workers
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        if config.hydra.mode != RunMode.MULTIRUN:
+            return
+        run_dir = Path(str(config.hydra.runtime.output_dir))
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        failed = job_return.status == JobStatus.FAILED
+        if failed:
+            error = job_return._return_value
+            message = f"{type(error).__name__}: {error}"
+            record = {"sweep": os.environ.get(SWEEP_ID), "error": message}
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / FAILED).write_text(json.dumps(record) + "\n")
+        text = write_summary(sweep_dir, os.environ.get(SWEEP_ID))
+        if failed and text is not None:  # Hydra stops before the multirun's end: say it now
+            print(f"\nsweep {sweep_dir} so far ({sweep_dir / 'sweep_summary.csv'}):\n{text}")
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         # Hydra resolves ${now:...} once per config (cached): the launcher's directory
         sweep_dir = Path(str(config.hydra.sweep.dir))
-        text = write_summary(sweep_dir)
+        text = write_summary(sweep_dir, os.environ.get(SWEEP_ID))
         if text is not None:
             print(f"\nsweep {sweep_dir} ({sweep_dir / 'sweep_summary.csv'}):\n{text}")

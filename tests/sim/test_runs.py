@@ -305,3 +305,45 @@ def test_metrics_record_the_cluster(tmp_path):
     assert (m["num_replicas"], m["router"]) == (4, "least_outstanding")
     written = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert (written["num_replicas"], written["router"]) == (4, "least_outstanding")
+
+
+def test_a_run_folder_holds_one_run(tmp_path):
+    run(tmp_path, "trace.num_requests=5")
+    with pytest.raises(InputError, match="already holds a run"):
+        run(tmp_path, "trace.num_requests=5")
+
+
+def test_a_run_whose_folder_cannot_be_written_says_so_and_writes_elsewhere(
+    tmp_path, monkeypatch, capsys
+):
+    from testbed import job
+
+    write_tables = job.write_tables
+    calls = []
+
+    def failing_once(run_dir, *args):
+        calls.append(run_dir)
+        if len(calls) == 1:
+            raise OSError(28, "No space left on device")
+        return write_tables(run_dir, *args)
+
+    monkeypatch.setattr(job, "write_tables", failing_once)
+    m = run(tmp_path, "trace.num_requests=5")
+    out = capsys.readouterr().out
+    assert out.index("TTFT mean") < out.index("cannot write the run directory")  # summary first
+    fallback = calls[1]
+    assert fallback != tmp_path / "run" and f"run directory: {fallback}" in out
+    assert json.loads((fallback / "metrics.json").read_text())["num_finished"] == m["num_finished"]
+
+
+@pytest.mark.slow
+def test_a_sweep_with_a_failing_job_summarises_the_rest_and_names_it(tmp_path):
+    cmd = [
+        sys.executable, str(ROOT / "run.py"), "-m", "engine.block_size=16,0",
+        "trace.num_requests=20", *QUIET, f"hydra.sweep.dir={tmp_path}",
+    ]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert res.returncode != 0  # Hydra reports the failed job
+    summary = pd.read_csv(tmp_path / "sweep_summary.csv")
+    assert list(summary["run"]) == ["0_engine.block_size=16,trace.num_requests=20"]
+    assert "FAILED 1_engine.block_size=0,trace.num_requests=20: InputError" in res.stdout

@@ -10,9 +10,11 @@ import pytest
 from testbed.report.sweep import fidelity_pairs, summary, sweep_runs, write_summary
 
 
-def job(sweep, num, mode, policy, speed=None, overrides=(), **metrics):
+def job(sweep, num, mode, policy, speed=None, overrides=(), sweep_id=None, **metrics):
     run_dir = sweep / f"{num}_{mode}_{policy}_synthetic"
     (run_dir / ".hydra").mkdir(parents=True)
+    if sweep_id is not None:  # the run folder's claim names its sweep
+        (run_dir / ".run").write_text(json.dumps({"sweep": sweep_id}))
     lines = [f"- mode={mode}", f"- policy={policy}", *(f"- {o}" for o in overrides)]
     (run_dir / ".hydra" / "overrides.yaml").write_text("\n".join(lines) + "\n")
     m = {"mode": mode, "policy": policy, "trace": "synthetic", "num_finished": 20,
@@ -110,3 +112,37 @@ def test_a_broken_metrics_file_is_named_and_the_rest_summarised(tmp_path):
 def test_a_sweep_without_run_directories_has_no_summary(tmp_path):
     assert write_summary(tmp_path) is None
     assert not (tmp_path / "sweep_summary.csv").exists()
+
+
+def test_the_summary_holds_its_own_sweeps_jobs_and_pairs_with_earlier_real_runs(tmp_path):
+    # Another sweep writing into the same folder (at the same time, or earlier)
+    # adds no row; its real run may still pair with this sweep's simulation.
+    job(tmp_path, 0, "real", "fcfs", speed=1.0, sweep_id="earlier")
+    job(tmp_path, 1, "sim", "sjf", sweep_id="other", e2e_s_mean=9.0)
+    job(tmp_path, 2, "sim", "fcfs", sweep_id="mine")
+    runs, _ = sweep_runs(tmp_path, "mine")
+    assert [r["run"] for r in runs if r["own"]] == ["2_sim_fcfs_synthetic"]
+    text = write_summary(tmp_path, "mine")
+    table = pd.read_csv(tmp_path / "sweep_summary.csv")
+    assert list(table["run"]) == ["2_sim_fcfs_synthetic"]
+    assert "0_real_fcfs_synthetic (earlier sweep)" in text and "9" not in table.to_string()
+
+
+def test_a_failed_job_of_the_sweep_is_named_with_its_error(tmp_path):
+    job(tmp_path, 0, "sim", "fcfs", sweep_id="mine")
+    failed = tmp_path / "1_sim_sjf_synthetic"
+    failed.mkdir()
+    record = {"sweep": "mine", "error": "InputError: engine.block_size=0: must be >= 1"}
+    (failed / "failed.json").write_text(json.dumps(record))
+    text = write_summary(tmp_path, "mine")
+    assert "FAILED 1_sim_sjf_synthetic: InputError: engine.block_size=0" in text
+
+
+def test_the_summary_shows_every_swept_key(tmp_path):
+    job(tmp_path, 0, "sim", "fcfs", overrides=["load=0.5", "engine.max_num_seqs=8"])
+    job(tmp_path, 1, "sim", "fcfs", overrides=["load=0.9", "engine.max_num_seqs=8"])
+    text = write_summary(tmp_path)
+    head = text.splitlines()[0].split()
+    assert "load" in head and "engine.max_num_seqs" not in head  # the same in both
+    table = pd.read_csv(tmp_path / "sweep_summary.csv")
+    assert list(table["load"]) == [0.5, 0.9]
