@@ -32,18 +32,22 @@ import os
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from testbed.build import latency_model, load_requests, run_trace
-from testbed.metrics.summary import requests_frame
+from testbed.metrics.summary import (
+    SUSTAINED,
+    WARM_UP,
+    arrivals_window,
+    finished_and_arrived,
+    kept_up,
+    requests_frame,
+)
 from testbed.models import ModelSpec
 from testbed.modes.sim import simulate
 from traces.transforms import mean_rate
 
-SUSTAINED = 0.95  # requests finished over requests arrived, in the window
-WARM_UP = 0.25  # the window starts at this fraction of the arrivals
 BISECTIONS = 8
 LOWEST_RATE = 1e-3  # req/s: below this the search gives up
 HIGHEST_RATE = 1e6
@@ -51,7 +55,6 @@ HIGHEST_RATE = 1e6
 # beside the last (the tolerance is 5% of them plus the last itself).
 MIN_REQUESTS = 20
 SEARCH_VERSION = 3  # bump when the search or the simulator changes what it finds
-FINISHED = ("finished_stopped", "finished_length")  # not aborted
 TRACE_COLUMNS = ["arrival_s", "prompt_tokens", "output_tokens", "prefix_hash_ids"]
 
 
@@ -76,8 +79,7 @@ def sustains(cfg: DictConfig, spec: ModelSpec, rate: float) -> bool:
     req/s (see the module docstring), in the search's simulation of it."""
     cfg = search_config(cfg)
     trace, requests = load_requests(cfg, spec, rate=rate)
-    arrivals = np.sort(trace["arrival_s"].to_numpy(float))
-    start, last = float(arrivals[int(WARM_UP * len(arrivals))]), float(arrivals[-1])
+    start, last = arrivals_window(trace["arrival_s"].to_numpy(float))
     # Past the last arrival (which is then admitted or rejected); later finishes do not count.
     cfg.mode.max_sim_time_s = last + 1e-6
     result, _ = simulate(cfg, requests, spec)
@@ -90,15 +92,13 @@ def sustains(cfg: DictConfig, spec: ModelSpec, rate: float) -> bool:
             f"trace {cfg.trace.name!r}: the engine rejects every request (see the reasons in "
             "requests.csv of a plain run), so it has no capacity to scale to"
         )
-    arrived = admitted["arrival_s"].between(start, last).sum()
+    finished, arrived = finished_and_arrived(admitted, start, last)
     if not arrived:
         raise ValueError(
             f"trace {cfg.trace.name!r}: no admitted request arrives after its first quarter, "
             "so no rate can be judged sustained"
         )
-    finished = admitted["status"].isin(FINISHED) & admitted["finish_s"].between(start, last)
-    # + 1: the last arrival itself cannot have finished by then.
-    return bool(finished.sum() + 1 >= SUSTAINED * arrived)
+    return kept_up(finished, arrived)
 
 
 def bracket(cfg: DictConfig, spec: ModelSpec, start_rate: float) -> tuple[float, float]:

@@ -63,6 +63,11 @@ def run_from_config(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[
             f"{load['capacity_from']}); replaying at {load['rate_req_s']:.4g} req/s "
             f"(load {cfg.load:g})"
         )
+        if cfg.load > 1:
+            print(
+                f"WARNING: load={cfg.load:g} is above the engine's capacity: it cannot keep up "
+                "with these arrivals, and latencies grow with the trace's length"
+            )
     trace, requests = load_requests(cfg, spec, rate=load.get("rate_req_s"))
     progress = Progress(len(requests), cfg.progress)
     try:

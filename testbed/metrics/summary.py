@@ -17,10 +17,15 @@ Definitions (times in seconds, rates per second):
 * offered_req_s: the requests not rejected, over the span of their arrivals.
   waiting_at_last_arrival: how many of them had not been scheduled yet when the
   last one arrived (in a run stopped part-way, of those that arrived by its
-  last step). ``overloaded`` when that is over 10% of them (on the bundled
-  traces: 0-1% where the engine keeps up, 67-99% where it cannot): the engine
-  fell behind the trace, and latencies then measure the backlog, which grows
-  with the trace's length, rather than the policy's effect on a steady queue.
+  last step). finished_per_arrival: from the arrival of the first quarter's
+  last request to the last arrival, the requests that finished over those that
+  arrived (the capacity search's criterion, ``testbed/capacity.py``).
+  ``overloaded`` when fewer than 95% as many finished as arrived (but for the
+  last, which cannot have): the engine fell behind the trace, and latencies
+  then measure the backlog, which grows with the trace's length, rather than
+  the policy's effect on a steady queue.
+* top_reject_reasons: the commonest reasons of the rejected requests (numbers
+  in them as N), with their counts.
 * kv_usage_mean weights each step by its latency (a time average).
 * tenant_service_jain: Jain's index over tenants of (tokens served / tokens
   asked for); 1.0 when every tenant got the same share of what it asked.
@@ -125,7 +130,30 @@ def _stats(name: str, values: np.ndarray) -> dict[str, float]:
     }
 
 
-OVERLOAD_WAITING_FRACTION = 0.1
+SUSTAINED = 0.95  # requests finished over requests arrived, in the window
+WARM_UP = 0.25  # the window starts at this fraction of the arrivals
+FINISHED = ("finished_stopped", "finished_length")  # served to the end (not aborted)
+
+
+def arrivals_window(arrivals: np.ndarray) -> tuple[float, float]:
+    """From the arrival of the first quarter's last request (the engine has filled
+    up by then) to the last arrival."""
+    arrivals = np.sort(np.asarray(arrivals, dtype=float))
+    return float(arrivals[int(WARM_UP * len(arrivals))]), float(arrivals[-1])
+
+
+def finished_and_arrived(admitted: pd.DataFrame, start: float, last: float) -> tuple[int, int]:
+    """How many of the admitted requests finished, and how many arrived, from
+    ``start`` to ``last``."""
+    arrived = int(admitted["arrival_s"].between(start, last).sum())
+    done = admitted["status"].isin(FINISHED) & admitted["finish_s"].between(start, last)
+    return int(done.sum()), arrived
+
+
+def kept_up(finished: int, arrived: int) -> bool:
+    """Whether requests finished as fast as they arrived (:data:`SUSTAINED`); + 1:
+    the last arrival itself cannot have finished by then."""
+    return finished + 1 >= SUSTAINED * arrived
 
 
 def backlog(df: pd.DataFrame, end: float = math.inf) -> dict[str, float | int | bool]:
@@ -133,18 +161,35 @@ def backlog(df: pd.DataFrame, end: float = math.inf) -> dict[str, float | int | 
     the requests that arrived by ``end`` (where a run stopped part-way)."""
     admitted = df[(df["status"] != "rejected") & (df["arrival_s"] <= end)]
     if admitted.empty:
-        return {"offered_req_s": math.nan, "waiting_at_last_arrival": 0, "overloaded": False}
+        return {
+            "offered_req_s": math.nan,
+            "waiting_at_last_arrival": 0,
+            "finished_per_arrival": math.nan,
+            "overloaded": False,
+        }
     arrivals = admitted["arrival_s"]
     last = float(arrivals.max())
     span = last - float(arrivals.min())
     # Never scheduled (an interrupted run's waiting requests) counts as not yet.
     started = admitted["first_scheduled_s"].fillna(math.inf)
     waiting = int((started > last).sum())
+    finished, arrived = finished_and_arrived(admitted, *arrivals_window(arrivals.to_numpy()))
     return {
         "offered_req_s": len(admitted) / span if span > 0 else math.nan,
         "waiting_at_last_arrival": waiting,
-        "overloaded": waiting > OVERLOAD_WAITING_FRACTION * len(admitted),
+        "finished_per_arrival": finished / arrived if arrived else math.nan,
+        "overloaded": not kept_up(finished, arrived),
     }
+
+
+def top_reject_reasons(df: pd.DataFrame, most: int = 3) -> str:
+    """The commonest rejection reasons, numbers in them as N: ``"12 x prompt of N
+    tokens ...; 3 x ..."`` ("" where nothing was rejected)."""
+    reasons = df.loc[df["status"] == "rejected", "reason"].dropna().astype(str)
+    if reasons.empty:
+        return ""
+    counts = reasons.str.replace(r"\d+(\.\d+)?", "N", regex=True).value_counts()
+    return "; ".join(f"{n} x {reason}" for reason, n in counts.head(most).items())
 
 
 def _jain(x: np.ndarray) -> float:
@@ -187,6 +232,7 @@ def summarize(
         m.update(_stats(name, col))
     ends = steps.column("start_s") + steps.column("latency_s")
     m.update(backlog(df, float(ends.max()) if ends.size else -math.inf))
+    m["top_reject_reasons"] = top_reject_reasons(df)
     m["num_preemptions"] = int(df["preemptions"].sum())
     m["goodput_req_s"] = per_s(int(met.sum()))
     m["slo_attainment"] = float(met.sum() / len(df)) if len(df) else math.nan

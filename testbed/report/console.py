@@ -1,13 +1,12 @@
-"""The run's summary on the console: its headline metrics, and what to make of
-them where the engine was overloaded or the machine ran off its profile."""
+"""The run's summary on the console: its headline metrics, why requests were
+rejected, and what to make of them where the engine was overloaded. (How far a
+real run's machine ran from its profile is a row here; what that means for a
+comparison with a simulation, the sweep summary says.)"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
-
-# |speed_vs_profile - 1| above which a real run's summary says the machine moved
-SPEED_NOTE = 0.10
 
 
 def print_summary(m: Mapping[str, Any]) -> None:
@@ -38,6 +37,8 @@ def print_summary(m: Mapping[str, Any]) -> None:
         low, high = m["speed_vs_profile_min"], m["speed_vs_profile_max"]
         spread = f" ({low:.3f}-{high:.3f} minute by minute)" if high > low else ""
         rows.insert(-1, ("speed vs profile", f"{speed:.3f}x its step time{spread}"))
+    if m.get("top_reject_reasons"):
+        rows.insert(1, ("rejected because", m["top_reject_reasons"]))
     head = f"{m['mode']} | {m['policy']} | {m['trace']} | {m['model']} on {m['hardware']}"
     if m.get("partial"):
         head += f" | PARTIAL ({m.get('stop_reason')})"
@@ -47,19 +48,10 @@ def print_summary(m: Mapping[str, Any]) -> None:
         print(f"  {k:<{width}}  {v}")
     if m.get("overloaded"):
         print(
-            f"  OVERLOADED: {m['waiting_at_last_arrival']} of "
-            f"{m['num_requests'] - m['num_rejected']} requests were still waiting when the last "
-            f"one arrived (offered {m['offered_req_s']:.3g} req/s, served "
-            f"{m['throughput_req_s']:.3g}): latencies measure the backlog. Lower the load "
-            "(load=0.7: 70% of this engine's capacity; or trace.rate) or add replicas."
-        )
-    if speed is not None and abs(speed - 1) > SPEED_NOTE:
-        print(
-            f"  NOTE: this run's steps took {speed:.2f}x the time its hardware's profile "
-            f"predicts ({m['speed_profile']}): the machine ran "
-            f"{'slower' if speed > 1 else 'faster'} than when it was profiled (a shared "
-            "machine's speed moves) or the profile does not fit this engine config. A "
-            f"simulation at mode.latency_scale={speed:.3g} runs at this speed; real runs "
-            "compared with each other differ by their machines' speeds as well (see "
-            "speed_vs_profile in each metrics.json)."
+            f"  OVERLOADED: from the first quarter's arrivals to the last, "
+            f"{m['finished_per_arrival']:.0%} as many requests finished as arrived "
+            f"({m['waiting_at_last_arrival']} still waiting at the last arrival; offered "
+            f"{m['offered_req_s']:.3g} req/s, served {m['throughput_req_s']:.3g}): latencies "
+            "measure the backlog. Lower the load (load=0.7: 70% of this engine's capacity; "
+            "or trace.rate) or add replicas."
         )
