@@ -100,13 +100,14 @@ def test_a_run_that_falls_behind_its_trace_says_so(tmp_path, capsys):
     # Those waiting then are still waiting after the next step, or were scheduled in it.
     after = steps[steps["start_s"] >= reqs["arrival_s"].max()].iloc[0]
     waiting = over["waiting_at_last_arrival"]
-    assert over["overloaded"] and waiting > 75
+    assert over["overloaded"] and waiting > 75 and over["finished_per_arrival"] < 0.5
     assert after["num_waiting"] <= waiting <= after["num_waiting"] + after["num_reqs"]
     assert over["offered_req_s"] == pytest.approx(40, rel=0.2)
     assert over["offered_req_s"] > 3 * over["throughput_req_s"]
     assert "OVERLOADED: " in capsys.readouterr().out
     steady = run(tmp_path, "trace.num_requests=60", name="steady")
     assert not steady["overloaded"] and steady["waiting_at_last_arrival"] <= 2
+    assert steady["finished_per_arrival"] > 0.9
     assert "OVERLOADED" not in capsys.readouterr().out
 
 
@@ -120,13 +121,19 @@ def test_partial_run_still_writes_what_it_measured(tmp_path):
     assert m["num_unfinished"] == reqs["status"].isin(["waiting", "running", "preempted"]).sum() > 0
 
 
-def test_oversized_requests_are_rejected_with_reasons(tmp_path):
+def test_oversized_requests_are_rejected_with_reasons(tmp_path, capsys):
     m = run(tmp_path, "trace.num_requests=50", "engine.max_model_len=300")
     reqs = pd.read_csv(tmp_path / "run" / "requests.csv")
     rejected = reqs[reqs["status"] == "rejected"]
     assert m["num_rejected"] == len(rejected) > 0
     assert rejected["reason"].str.contains("max_model_len").all()
     assert m["num_finished"] + m["num_rejected"] == 50
+    # The summary says why, the commonest reasons first, numbers folded.
+    top = m["top_reject_reasons"]
+    folded = rejected["reason"].str.replace(r"\d+", "N", regex=True).value_counts()
+    assert top.startswith(f"{folded.iloc[0]} x ")
+    out = capsys.readouterr().out
+    assert "max_model_len=N" in top and "rejected because" in out and top in out
 
 
 def test_wandb_offline_writes_its_run_folder(tmp_path):
