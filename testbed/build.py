@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from policies import policy_class
 from testbed.core import SchedulerConfig
 from testbed.engine.args import EngineArgs
 from testbed.errors import InputError
@@ -102,6 +103,17 @@ def scheduler_config(engine: Mapping[str, Any], max_model_len: int) -> Scheduler
 def policy_config(cfg: DictConfig) -> dict[str, Any]:
     """The policy group entry as ``policies.make_policy`` takes it."""
     return OmegaConf.to_container(cfg.policy, resolve=True)
+
+
+def policy_name(cfg: DictConfig) -> str:
+    """The run's policy as its labels name it: a bundled one by its group option,
+    a custom one (``policy._target_``) by its class's ``name``."""
+    if cfg.policy.get("_target_"):
+        try:
+            return policy_class(cfg.policy._target_).name
+        except (ValueError, TypeError) as e:
+            raise InputError(f"policy._target_={cfg.policy._target_}: {e}") from e
+    return cfg.policy.name
 
 
 def engine_args(cfg: DictConfig) -> EngineArgs:

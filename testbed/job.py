@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
-from testbed.build import load_requests, model_spec
+from testbed.build import load_requests, model_spec, policy_name
 from testbed.capacity import scaled_to_load
 from testbed.config_schema import validate
 from testbed.errors import InputError
@@ -106,7 +106,7 @@ def run_fields(cfg: DictConfig, model: str, trace: pd.DataFrame) -> dict[str, An
     """``metrics.json``'s fields that say what was run."""
     return {
         "mode": cfg.mode.name,
-        "policy": cfg.policy.name,
+        "policy": policy_name(cfg),
         "trace": cfg.trace.name,
         "model": model,
         "hardware": cfg.hardware.name,
@@ -143,7 +143,7 @@ def report(
     log_run(
         wandb_settings(cfg),
         run_dir,
-        f"{cfg.mode.name}-{cfg.policy.name}-{cfg.trace.name}",
+        f"{cfg.mode.name}-{metrics['policy']}-{cfg.trace.name}",
         logged_config(cfg, load),
         metrics,
         req_df,
@@ -166,7 +166,7 @@ def write_run_dir(
         write_idle_probe(run_dir, result.extra["idle_probe"])
     if result.extra.get("reference_probe") is not None:
         write_reference_probe(run_dir, result.extra["reference_probe"])
-    title = f"{cfg.policy.name} on {cfg.trace.name}"
+    title = f"{metrics['policy']} on {cfg.trace.name}"
     plots = write_plots(run_dir, req_df, result.steps, title) if cfg.plots else []
     write_metrics(run_dir, metrics)
     return plots

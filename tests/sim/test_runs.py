@@ -354,3 +354,8 @@ def test_a_sweep_with_a_failing_job_summarises_the_rest_and_names_it(tmp_path):
     summary = pd.read_csv(tmp_path / "sweep_summary.csv")
     assert list(summary["run"]) == ["0_engine.block_size=16,trace.num_requests=20"]
     assert "FAILED 1_engine.block_size=0,trace.num_requests=20: InputError" in res.stdout
+
+
+def test_a_custom_policy_is_labelled_by_its_classs_name(tmp_path):
+    m = run(tmp_path, "trace.num_requests=5", "policy=custom", "policy._target_=policies.vtc.VTC")
+    assert m["policy"] == "vtc"
