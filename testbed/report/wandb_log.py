@@ -60,6 +60,30 @@ def wandb_settings(cfg: DictConfig) -> dict[str, Any]:
     return wb
 
 
+# Rows a W&B table holds (it cuts longer ones); longer request tables go as a file.
+TABLE_ROWS = 200_000
+
+
+def log_requests(run, requests: pd.DataFrame, csv: Path) -> str:
+    """The per-request table in W&B: a table where it fits (:data:`TABLE_ROWS`),
+    else the run's ``requests.csv`` whole, as a file artifact (never cut); says
+    which in the run's summary (``requests_logged_as``) and returns it."""
+    import wandb
+
+    if len(requests) <= TABLE_ROWS or not csv.exists():
+        run.log({"requests": wandb.Table(dataframe=requests.head(TABLE_ROWS))})
+        how = "table" if len(requests) <= TABLE_ROWS else f"table of the first {TABLE_ROWS} rows"
+    else:
+        artifact = wandb.Artifact(f"requests-{run.id}", type="run-table")
+        artifact.add_file(str(csv), name="requests.csv")
+        run.log_artifact(artifact)
+        how = f"file artifact requests.csv ({len(requests)} rows; a W&B table holds {TABLE_ROWS})"
+    run.summary["requests_logged_as"] = how
+    if how != "table":
+        print(f"  W&B: the request table is logged as a {how}")
+    return how
+
+
 def log_run(
     wandb_cfg: Mapping[str, Any],
     run_dir: Path,
@@ -99,7 +123,7 @@ def log_run(
                     **{f"steps/{k}": float(v[1][i]) for k, v in series.items() if i < len(v[1])},
                 }
             )
-        run.log({"requests": wandb.Table(dataframe=requests)})
+        log_requests(run, requests, run_dir / "requests.csv")
         run.log({p.stem: wandb.Image(str(p)) for p in plots})
         run.summary.update({k: v for k, v in metrics.items() if v is not None})
         return run.dir

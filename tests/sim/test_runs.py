@@ -359,3 +359,31 @@ def test_a_sweep_with_a_failing_job_summarises_the_rest_and_names_it(tmp_path):
 def test_a_custom_policy_is_labelled_by_its_classs_name(tmp_path):
     m = run(tmp_path, "trace.num_requests=5", "policy=custom", "policy._target_=policies.vtc.VTC")
     assert m["policy"] == "vtc"
+
+
+def test_a_request_table_too_long_for_wandb_is_logged_whole_as_a_file(tmp_path, monkeypatch):
+    from testbed.report import wandb_log
+
+    class Run:
+        id = "r1"
+
+        def __init__(self):
+            self.logged, self.artifacts, self.summary = [], [], {}
+
+        def log(self, data):
+            self.logged.append(data)
+
+        def log_artifact(self, artifact):
+            self.artifacts.append(artifact)
+
+    frame = pd.DataFrame({"request_id": [f"req-{i}" for i in range(20)], "e2e_s": range(20)})
+    csv = tmp_path / "requests.csv"
+    frame.to_csv(csv, index=False)
+    monkeypatch.setattr(wandb_log, "TABLE_ROWS", 10)
+    run_ = Run()
+    how = wandb_log.log_requests(run_, frame, csv)
+    assert how.startswith("file artifact requests.csv (20 rows")
+    assert run_.summary["requests_logged_as"] == how and not run_.logged
+    assert [e.path for e in run_.artifacts[0].manifest.entries.values()] == ["requests.csv"]
+    small = Run()
+    assert wandb_log.log_requests(small, frame.head(5), csv) == "table" and small.logged
