@@ -18,6 +18,12 @@ from testbed import bootstrap  # noqa: E402
 
 bootstrap.ensure([str(ROOT / "run.py"), *sys.argv[1:]])
 
+from testbed.report.rundir import unwritable_output_dir  # noqa: E402
+
+if (problem := unwritable_output_dir(sys.argv[1:])) is not None:
+    print(f"Error: {problem}", file=sys.stderr)
+    sys.exit(2)
+
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -83,3 +84,24 @@ def read_claim(run_dir: Path) -> dict[str, Any]:
     except (OSError, json.JSONDecodeError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def unwritable_output_dir(argv: list[str]) -> str | None:
+    """Why the output folder a command line gives (``hydra.run.dir=``, or
+    ``hydra.sweep.dir=`` with ``-m``) cannot be written, or None. Checked before
+    Hydra starts: Hydra writes its log there first and would fail with an
+    unrelated error (a folder given with ``${...}`` is Hydra's to resolve)."""
+    sweep = "-m" in argv or "--multirun" in argv
+    key = "hydra.sweep.dir" if sweep else "hydra.run.dir"
+    for arg in argv:
+        name, _, value = arg.partition("=")
+        if name.lstrip("+") != key or "${" in value:
+            continue
+        path = Path(value)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=path):
+                pass
+        except OSError as e:
+            return f"{key}={value}: that folder cannot be created or written ({e.strerror or e})"
+    return None

@@ -387,3 +387,13 @@ def test_a_request_table_too_long_for_wandb_is_logged_whole_as_a_file(tmp_path, 
     assert [e.path for e in run_.artifacts[0].manifest.entries.values()] == ["requests.csv"]
     small = Run()
     assert wandb_log.log_requests(small, frame.head(5), csv) == "table" and small.logged
+
+
+def test_an_output_folder_that_cannot_be_written_is_named_before_hydra_starts(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for args in (["hydra.run.dir=" + str(blocker / "run")], ["-m", f"hydra.sweep.dir={blocker}"]):
+        cmd = [sys.executable, str(ROOT / "run.py"), *args, *QUIET]
+        res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+        assert res.returncode == 2, res.stderr
+        assert "cannot be created or written" in res.stderr and "Traceback" not in res.stderr
