@@ -230,7 +230,8 @@ def costs_of(policy: Policy) -> list[str]:
 
 
 def warn_of_costs(policy: Policy) -> None:
-    """Warn, once per policy class and hook, of what its hooks cost (see COSTS)."""
+    """Warn, once per policy class and hook, of what its hooks cost the simulator's
+    fast path (see COSTS); the simulator calls it when it attaches the policy."""
     for hook in costs_of(policy):
         if (type(policy), hook) not in _warned:
             _warned.add((type(policy), hook))

@@ -14,7 +14,7 @@ from __future__ import annotations
 from testbed.core.config import SchedulerConfig
 from testbed.core.kv_cache import KVCacheManager
 from testbed.core.outputs import ExecutorOutput, SchedulerOutput
-from testbed.core.policy import Decision, Policy, overrides, warn_of_costs
+from testbed.core.policy import Decision, Policy, overrides
 from testbed.core.queue import create_waiting_queue
 from testbed.core.request import Request, RequestStatus
 
@@ -47,7 +47,6 @@ class Scheduler:
         self.policy_admits = overrides(policy, "admit")
         self._has_cap = overrides(policy, "token_cap")
         self._has_on_step = overrides(policy, "on_step")
-        warn_of_costs(policy)
         policy.attach(self)
 
     @property

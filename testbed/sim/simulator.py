@@ -26,6 +26,7 @@ import simpy
 from policies.routers import RoundRobin, Router
 from testbed.core import EngineCore, Request
 from testbed.core.fast_forward import advance_decode, decode_horizon
+from testbed.core.policy import warn_of_costs
 from testbed.metrics import RunResult, StepLog
 from testbed.sim.latency import decode_latencies
 from testbed.sim.speed import SpeedTrace
@@ -222,6 +223,8 @@ class Simulation:
         clock = lambda: self.env.now  # noqa: E731
         self.replicas = [Replica(self, i, make_engine(i, clock)) for i in range(num_replicas)]
         self.dispatcher = Dispatcher(self, self.requests, router or RoundRobin())
+        if fast_forward:  # what the policy's hooks cost the jumps, said once per class
+            warn_of_costs(self.replicas[0].engine.scheduler.policy)
 
     def on_finished(self, finished: Sequence[Request]) -> None:
         self.num_finished += len(finished)

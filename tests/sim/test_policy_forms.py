@@ -7,11 +7,15 @@ form re-ranked every step. Same simulated schedule each time.
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 from policies import make_policy
 from policies.priority import Priority
 from policies.sjf import SJF
+from testbed.core import Policy
+from testbed.core.policy import PolicyCostWarning, warn_of_costs
 from testbed.core.queue import GroupedQueue
 from tests.factories import sorted_twin
 from tests.sim.helpers import observable, random_requests, simulate
@@ -67,3 +71,22 @@ def test_aging_as_a_static_key_ranks_as_aging_every_step(name, num_blocks):
     # Aging mattered: some request ran before one that was ahead of it without aging.
     c, _ = simulate(random_requests(250, rate=8.0), name, **run)
     assert observable(a.requests) != observable(c.requests)
+
+
+class LateCounter(Policy):
+    """Counts steps in on_step without on_decode_steps: the fast path is off."""
+
+    name = "late_counter"
+
+    def on_step(self, output, finished, now) -> None:
+        pass
+
+
+def test_a_simulation_names_what_a_policys_hooks_cost_it_once():
+    with pytest.warns(PolicyCostWarning, match="on_decode_steps") as caught:
+        simulate(random_requests(5), LateCounter())
+        simulate(random_requests(5), LateCounter())  # the same class again: said once
+    assert len(caught) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_of_costs(LateCounter())  # already said
