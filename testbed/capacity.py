@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from testbed.build import latency_model, load_requests, run_trace
+from testbed.config_schema import SimMode
 from testbed.metrics.summary import (
     SUSTAINED,
     WARM_UP,
@@ -63,13 +65,7 @@ def search_config(cfg: DictConfig) -> DictConfig:
     out = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     mode = cfg.mode
     out.policy = {"name": "fcfs", "victim": None}
-    out.mode = {
-        "name": "sim",
-        "fast_forward": True,
-        "max_sim_time_s": None,
-        "latency_scale": mode.latency_scale if mode.name == "sim" else 1.0,
-        "speed_trace": None,
-    }
+    out.mode = asdict(SimMode(latency_scale=mode.latency_scale if mode.name == "sim" else 1.0))
     out.progress = False
     return out
 

@@ -20,7 +20,7 @@ from bisect import bisect_left, insort
 from collections.abc import Hashable, Iterable, Iterator
 from itertools import count
 
-from testbed.core.policy import Policy
+from testbed.core.policy import Policy, overrides
 from testbed.core.request import Request
 
 
@@ -61,15 +61,39 @@ class WaitingQueue(ABC):
         """Remove ``request`` (``KeyError`` when it is not waiting)."""
 
 
-class SortedQueue(WaitingQueue):
-    """A static key: kept sorted as ``(key, arrival_seq, request)`` entries."""
+class _ListQueue(WaitingQueue):
+    """A queue in one list whose positions are list indices (the sorted and the
+    resorted queue); ``_request`` reads the request out of an entry."""
 
     def __init__(self, policy: Policy) -> None:
         super().__init__(policy)
-        self._items: list[tuple[object, int, Request]] = []
+        self._items: list = []
 
     def __len__(self) -> int:
         return len(self._items)
+
+    @staticmethod
+    def _request(entry) -> Request:
+        return entry
+
+    def remove_positions(self, positions: Iterable[object]) -> None:
+        for pos in sorted(positions, reverse=True):
+            del self._items[pos]
+
+    def remove(self, request: Request) -> None:
+        for pos, entry in enumerate(self._items):
+            if self._request(entry) is request:
+                del self._items[pos]
+                return
+        raise KeyError(request.request_id)
+
+
+class SortedQueue(_ListQueue):
+    """A static key: kept sorted as ``(key, arrival_seq, request)`` entries."""
+
+    @staticmethod
+    def _request(entry) -> Request:
+        return entry[2]
 
     def add(self, request: Request, now: float) -> None:
         insort(self._items, (self.policy.key(request, now), request.arrival_seq, request))
@@ -82,27 +106,9 @@ class SortedQueue(WaitingQueue):
     def peek(self, now: float) -> Request | None:
         return self._items[0][2] if self._items else None
 
-    def remove_positions(self, positions: Iterable[object]) -> None:
-        for pos in sorted(positions, reverse=True):
-            del self._items[pos]
 
-    def remove(self, request: Request) -> None:
-        for pos, item in enumerate(self._items):
-            if item[2] is request:
-                del self._items[pos]
-                return
-        raise KeyError(request.request_id)
-
-
-class ResortedQueue(WaitingQueue):
+class ResortedQueue(_ListQueue):
     """A dynamic key: requests in arrival order, sorted by the key when read."""
-
-    def __init__(self, policy: Policy) -> None:
-        super().__init__(policy)
-        self._items: list[Request] = []
-
-    def __len__(self) -> int:
-        return len(self._items)
 
     def add(self, request: Request, now: float) -> None:
         self._items.append(request)
@@ -117,17 +123,6 @@ class ResortedQueue(WaitingQueue):
             return None
         key = self.policy.key
         return min(self._items, key=lambda r: (key(r, now), r.arrival_seq))
-
-    def remove_positions(self, positions: Iterable[object]) -> None:
-        for pos in sorted(positions, reverse=True):
-            del self._items[pos]
-
-    def remove(self, request: Request) -> None:
-        for pos, item in enumerate(self._items):
-            if item is request:
-                del self._items[pos]
-                return
-        raise KeyError(request.request_id)
 
 
 class GroupedQueue(WaitingQueue):
@@ -209,7 +204,7 @@ class GroupedQueue(WaitingQueue):
 def groups_its_queue(policy: Policy) -> bool:
     """Whether ``policy`` groups its waiting requests (a dynamic key and its own
     :meth:`Policy.group_of`)."""
-    return policy.dynamic_key and type(policy).group_of is not Policy.group_of
+    return policy.dynamic_key and overrides(policy, "group_of")
 
 
 def create_waiting_queue(policy: Policy) -> WaitingQueue:

@@ -19,14 +19,16 @@ from testbed.engine.model import CausalLM
 from testbed.engine.model_config import ModelConfig
 from testbed.engine.weights import build_model
 from testbed.kernels import select_backend
-from testbed.models import ModelSpec, num_kv_blocks, resolve_model
+from testbed.models import ModelSpec, ResolvedModel, num_kv_blocks, resolve_model
 
 
-def engine_model(model: Mapping[str, Any] | str | Path) -> tuple[ModelConfig, Path | None, str]:
-    """(config, weights folder or None for dummy weights, name) of what
-    :func:`~testbed.models.resolve_model` accepts: a model config group entry, a
-    ``conf/model/`` name or an HF folder."""
-    resolved = resolve_model(model)
+def engine_model(
+    model: ResolvedModel | Mapping[str, Any] | str | Path,
+) -> tuple[ModelConfig, Path | None, str]:
+    """(config, weights folder or None for dummy weights, name) of a resolved model
+    or of what :func:`~testbed.models.resolve_model` accepts: a model config group
+    entry, a ``conf/model/`` name or an HF folder."""
+    resolved = model if isinstance(model, ResolvedModel) else resolve_model(model)
     return ModelConfig.of(resolved), resolved.folder, resolved.name
 
 

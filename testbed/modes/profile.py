@@ -7,15 +7,15 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from testbed.build import engine_args, in_project
-from testbed.modes.real import engine_model
+from testbed.build import engine_args, in_project, run_model
+from testbed.engine.factory import engine_model
 from testbed.profiling.fit_report import report_profile
 from testbed.profiling.profiler import run_profile
 
 
 def profile(cfg: DictConfig) -> dict[str, Any]:
     """Profile ``cfg``'s model on its hardware; where the table went and its fit."""
-    model = engine_model(cfg)
+    model = engine_model(run_model(cfg))
     print(f"profiling {model[2]} on {cfg.hardware.name}: grid {cfg.mode.grid}")
     path = run_profile(
         engine_args(cfg),

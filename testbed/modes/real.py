@@ -23,20 +23,13 @@ from omegaconf import DictConfig
 from testbed.build import engine_args, latency_model, run_model
 from testbed.core import Request
 from testbed.engine.device import machine_name
-from testbed.engine.factory import build_engine
-from testbed.engine.model_config import ModelConfig
+from testbed.engine.factory import build_engine, engine_model
 from testbed.engine.replay import replay
 from testbed.metrics import RunResult
 from testbed.models import ModelSpec
 from testbed.profiling.probes import IdleProbe
 from testbed.profiling.reference_probe import ReferenceProbe, busy_median, sample_table
 from testbed.sim.run_speed import speed_against
-
-
-def engine_model(cfg: DictConfig):
-    """(ModelConfig, weights folder or None, name) of the run's model."""
-    model = run_model(cfg)
-    return ModelConfig.of(model), model.folder, model.name
 
 
 def run_real(
@@ -48,7 +41,7 @@ def run_real(
     """Replay ``requests`` on the real engine; the run's records and the real
     engine's fields of ``metrics.json``."""
     args = engine_args(cfg)
-    model = engine_model(cfg)
+    model = engine_model(run_model(cfg))
     engine, executor, _ = build_engine(args, model=model)
     probe = IdleProbe(args, executor) if cfg.mode.idle_probe else None
     reference = None
