@@ -141,7 +141,7 @@ def report(
         plots = write_run_dir(cfg, run_dir, result, req_df, metrics)
     print(f"  run directory: {run_dir}")
     log_run(
-        wandb_settings(cfg),
+        wandb_settings(cfg, metrics),
         run_dir,
         f"{cfg.mode.name}-{metrics['policy']}-{cfg.trace.name}",
         logged_config(cfg, load),

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from testbed.core.policy import overrides
 from testbed.core.request import Request, RequestStatus
 from testbed.core.scheduler import STAND_IN_TOKEN, Scheduler
 
@@ -45,8 +44,8 @@ def decode_horizon(sched: Scheduler, max_steps: int) -> int:
         return 0
     if cfg.num_lookahead_tokens or len(running) > cfg.max_num_batched_tokens:
         return 0
-    if overrides(policy, "on_step") and not overrides(policy, "on_decode_steps"):
-        return 0  # a stateful policy that must see every step
+    if sched.policy_sees_each_step:
+        return 0
     if sched.waiting and (
         policy.preemptive
         or (

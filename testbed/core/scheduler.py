@@ -47,6 +47,8 @@ class Scheduler:
         self.policy_admits = overrides(policy, "admit")
         self._has_cap = overrides(policy, "token_cap")
         self._has_on_step = overrides(policy, "on_step")
+        # A stateful policy that must see every step one by one (no on_decode_steps).
+        self.policy_sees_each_step = self._has_on_step and not overrides(policy, "on_decode_steps")
         policy.attach(self)
 
     @property

@@ -16,7 +16,6 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from testbed.build import policy_name
 from testbed.metrics.steplog import StepLog
 from testbed.report.plots import binned
 
@@ -42,11 +41,12 @@ def logged_config(cfg: DictConfig, load: Mapping[str, Any]) -> dict[str, Any]:
     return config
 
 
-def wandb_settings(cfg: DictConfig) -> dict[str, Any]:
+def wandb_settings(cfg: DictConfig, metrics: Mapping[str, Any]) -> dict[str, Any]:
     """The logging config, with a sweep's defaults: its runs share a group (the sweep
-    folder) and are tagged with mode, policy and trace, so W&B compares them."""
+    folder) and are tagged with mode, policy and trace (as ``metrics`` names them),
+    so W&B compares them."""
     wb = OmegaConf.to_container(cfg.logging.wandb, resolve=True)
-    wb["tags"] = list(wb.get("tags") or []) + [cfg.mode.name, policy_name(cfg), cfg.trace.name]
+    wb["tags"] = list(wb.get("tags") or []) + [metrics[k] for k in ("mode", "policy", "trace")]
     if wb.get("group") is None:
         try:
             from hydra.core.hydra_config import HydraConfig
