@@ -38,6 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from testbed.build import latency_model, load_requests, run_trace
 from testbed.config_schema import SimMode
+from testbed.errors import InputError
 from testbed.metrics.summary import (
     SUSTAINED,
     WARM_UP,
@@ -149,19 +150,19 @@ def scaled_to_load(cfg: DictConfig, spec: ModelSpec) -> dict[str, Any]:
     searched again; the record says which (``capacity_from``)."""
     load = float(cfg.load)
     if not load > 0:
-        raise ValueError(f"load={cfg.load}: a fraction of the capacity, above 0")
+        raise InputError(f"load={cfg.load}: must be a fraction of the capacity, above 0")
     if cfg.trace.get("time_scale") is not None:
-        raise ValueError("load sets the trace's rate; trace.time_scale would rescale it after")
+        raise InputError("load sets the trace's rate; trace.time_scale would rescale it after")
     trace = run_trace(cfg)  # as configured: the search starts from its rate
     if len(trace) < MIN_REQUESTS:
-        raise ValueError(
+        raise InputError(
             f"load={cfg.load}: trace {cfg.trace.name!r} has {len(trace)} requests; judging a "
             f"rate sustained takes at least {MIN_REQUESTS} (on 8 the search finds 0.02 req/s)"
         )
     try:
         start_rate = mean_rate(trace)
     except ValueError as e:
-        raise ValueError(f"load={cfg.load}: {e}") from e
+        raise InputError(f"load={cfg.load}: {e}") from e
     found: dict[str, Any] = {}
     path = None
     if cfg.get("capacity_cache"):
