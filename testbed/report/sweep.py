@@ -124,7 +124,7 @@ def sweep_runs(sweep_dir: Path, sweep: str | None = None) -> tuple[list[dict[str
             **{key: metrics.get(key) for key in COLUMNS},
             "partial": bool(metrics.get("partial")),
             "pair": pair_key(job_overrides(run_dir), metrics),
-            "overrides": job_overrides(run_dir) or [],
+            "settings": settings(job_overrides(run_dir) or []),
             "own": own,
         })  # fmt: skip
     return runs, unread
@@ -184,28 +184,21 @@ def speed_spread(runs: list[dict[str, Any]]) -> tuple[float, float] | None:
     return (min(speeds), max(speeds)) if len(speeds) >= 2 else None
 
 
+def settings(overrides: list[str]) -> dict[str, str]:
+    """A job's overrides as key -> value (``+``/``~`` prefixes dropped)."""
+    return dict(o.lstrip("+~").partition("=")[::2] for o in overrides)
+
+
 def swept_keys(runs: list[dict[str, Any]]) -> list[str]:
     """The override keys whose values differ between the runs (what the sweep
     varied), in the order they first appear; not those the summary has columns for."""
-    keys: dict[str, set[str]] = {}
-    for r in runs:
-        for o in r.get("overrides", []):
-            key, _, value = o.lstrip("+~").partition("=")
-            keys.setdefault(key, set()).add(value)
-    for r in runs:  # a key some runs do not override varies too
-        present = {o.lstrip("+~").partition("=")[0] for o in r.get("overrides", [])}
-        for key in keys.keys() - present:
-            keys[key].add("")
-    return [k for k, values in keys.items() if len(values) > 1 and k not in COLUMNS]
+    keys = dict.fromkeys(k for r in runs for k in r.get("settings", {}))
+    return [k for k in keys if k not in COLUMNS and len({overridden(r, k) for r in runs}) > 1]
 
 
 def overridden(run: dict[str, Any], key: str) -> str:
     """The run's value of an override key ('-' where it does not set it)."""
-    for o in run.get("overrides", []):
-        k, _, value = o.lstrip("+~").partition("=")
-        if k == key:
-            return value
-    return "-"
+    return run.get("settings", {}).get(key, "-")
 
 
 def cell(value: Any) -> str:
@@ -292,7 +285,7 @@ def write_summary(sweep_dir: Path, sweep: str | None = None) -> str | None:
 
     if own:
         swept = swept_keys(own)
-        frame = pd.DataFrame(own).drop(columns=["own", "overrides"])
+        frame = pd.DataFrame(own).drop(columns=["own", "settings"])
         for i, key in enumerate(swept):
             frame.insert(1 + i, key, [overridden(r, key) for r in own])
         frame = frame.assign(pair=lambda t: t["pair"].map(" ".join))
