@@ -13,8 +13,6 @@ a request's output does not depend on batching, and it can propose drafts.
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import random
 import zlib
 
@@ -31,6 +29,7 @@ from testbed.core import (
     SchedulerOutput,
 )
 from testbed.core.policy_check import ManualClock, run_arrivals, sorted_twin  # noqa: F401
+from testbed.core.policy_check import outcomes as run_outcomes
 from testbed.core.queue import GroupedQueue, groups_its_queue
 
 VOCAB = 1000
@@ -208,16 +207,10 @@ def run(engine: EngineCore, arrivals: list[tuple[float, Request]], max_steps: in
 
 
 def outcomes(policy: Policy, arrivals, cfg: dict, num_drafts: int = 0) -> list[tuple]:
-    """Replay copies of ``arrivals`` under ``policy``; what each request went through."""
-    arrivals = copy.deepcopy(arrivals)
+    """Replay copies of ``arrivals`` under ``policy`` on the fake executor; what each
+    request went through (:func:`testbed.core.policy_check.outcomes`)."""
     engine, _ = create_engine(policy, num_drafts=num_drafts, **cfg)
     assert isinstance(engine.scheduler.waiting, GroupedQueue) == groups_its_queue(policy)
     total_tokens = sum(r.num_prompt_tokens + r.sampling_params.max_tokens for _, r in arrivals)
     # MLFQ starving in a few steps can displace requests forever: compare how far both got.
-    with contextlib.suppress(AssertionError):
-        run(engine, arrivals, max_steps=20 * total_tokens + 100)
-    return [
-        (r.request_id, r.status, r.first_scheduled_time, r.finish_time, r.num_preemptions,
-         tuple(r.output_token_ids))
-        for _, r in arrivals
-    ]  # fmt: skip
+    return run_outcomes(engine, arrivals, max_steps=20 * total_tokens + 100)[0]

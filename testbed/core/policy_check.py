@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from testbed.core.engine import EngineCore, StepResult
 from testbed.core.outputs import ExecutorOutput, SchedulerOutput
 from testbed.core.policy import Policy
-from testbed.core.queue import GroupedQueue
+from testbed.core.queue import groups_its_queue
 from testbed.core.request import Request, SamplingParams
 
 
@@ -105,59 +105,63 @@ def workload(
     return out
 
 
-def replay(
-    policy: Policy,
-    arrivals: Sequence[tuple[float, Request]],
-    num_blocks: int,
-    block_size: int,
-    max_steps: int,
-    **scheduler_config,
-) -> tuple[list[tuple], bool, int]:
-    """What each request went through under ``policy`` (on copies of ``arrivals``),
-    whether the queue was grouped, and the most requests that waited at once."""
-    engine = EngineCore.build(
-        _StandInExecutor(), policy, num_blocks, block_size, clock=ManualClock(), **scheduler_config
-    )
+def outcomes(
+    engine: EngineCore, arrivals: Sequence[tuple[float, Request]], max_steps: int
+) -> tuple[list[tuple], int]:
+    """Replay copies of ``arrivals`` on ``engine`` (on a :class:`ManualClock`): what
+    each request went through (id, status, first scheduled, finished, preemptions,
+    output tokens), and the most requests that waited at once. A run that does
+    not finish within ``max_steps`` says how far it got."""
     arrivals = copy.deepcopy(list(arrivals))
     steps, _ = run_arrivals(engine, arrivals, max_steps)
-    requests = [r for _, r in sorted(arrivals, key=lambda a: a[0])]
-    most_waiting = max((res.num_waiting for res in steps), default=0)
     seen = [
-        (r.request_id, r.status.name, r.first_scheduled_time, r.finish_time, r.num_preemptions)
-        for r in requests
-    ]
-    return seen, isinstance(engine.scheduler.waiting, GroupedQueue), most_waiting
+        (r.request_id, r.status.name, r.first_scheduled_time, r.finish_time, r.num_preemptions,
+         tuple(r.output_token_ids))
+        for _, r in arrivals
+    ]  # fmt: skip
+    return seen, max((res.num_waiting for res in steps), default=0)
 
 
-def check_grouping(
-    make_policy: Callable[[], Policy],
-    arrivals: Sequence[tuple[float, Request]] | None = None,
-    *,
+def stand_in_engine(
+    policy: Policy,
     num_blocks: int = 120,
     block_size: int = 16,
     max_num_seqs: int = 8,
     max_num_batched_tokens: int = 512,
     max_model_len: int = 4096,
-    max_steps: int = 100_000,
-) -> None:
-    """Fail (``AssertionError``) where the policy ``make_policy()`` makes schedules
-    otherwise than its :func:`sorted_twin` on ``arrivals`` (default:
-    :func:`workload`), where it does not group its queue at all, or where the
-    arrivals never queue (the check would mean nothing). The cache is
-    small enough by default that requests are preempted too. Runs that do not
-    finish within ``max_steps`` compare how far they got."""
-    arrivals = workload() if arrivals is None else arrivals
-    config = dict(
+) -> EngineCore:
+    """An engine with a stand-in data plane on a :class:`ManualClock`; by default
+    its cache is small enough that :func:`workload` queues and preempts."""
+    return EngineCore.build(
+        _StandInExecutor(),
+        policy,
+        num_blocks,
+        block_size,
+        clock=ManualClock(),
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
         max_model_len=max_model_len,
     )
-    grouped, is_grouped, most_waiting = replay(
-        make_policy(), arrivals, num_blocks, block_size, max_steps, **config
-    )
-    if not is_grouped:
+
+
+def check_grouping(
+    make_policy: Callable[[], Policy],
+    arrivals: Sequence[tuple[float, Request]] | None = None,
+    max_steps: int = 100_000,
+    **engine_options: int,
+) -> None:
+    """Fail (``AssertionError``) where the policy ``make_policy()`` makes schedules
+    otherwise than its :func:`sorted_twin` on ``arrivals`` (default:
+    :func:`workload`), where it does not group its queue at all, or where the
+    arrivals never queue (the check would mean nothing). Both run on a
+    :func:`stand_in_engine` (``engine_options`` change its defaults). Runs that do
+    not finish within ``max_steps`` compare how far they got."""
+    arrivals = workload() if arrivals is None else arrivals
+    policy = make_policy()
+    grouped, most_waiting = outcomes(stand_in_engine(policy, **engine_options), arrivals, max_steps)
+    if not groups_its_queue(policy):
         raise AssertionError(
-            f"{type(make_policy()).__name__} does not group its waiting queue (it needs "
+            f"{type(policy).__name__} does not group its waiting queue (it needs "
             "dynamic_key = True and its own group_of): nothing to check"
         )
     if most_waiting < 2:
@@ -165,12 +169,11 @@ def check_grouping(
             "the arrivals kept never more than one request waiting: grouping cannot have "
             "mattered; give arrivals that queue (more of them, closer together)"
         )
-    twin, _, _ = replay(
-        sorted_twin(make_policy()), arrivals, num_blocks, block_size, max_steps, **config
-    )
+    twin_engine = stand_in_engine(sorted_twin(make_policy()), **engine_options)
+    twin, _ = outcomes(twin_engine, arrivals, max_steps)
     for a, b in zip(grouped, twin, strict=True):
         if a != b:
-            fields = ("request", "status", "first scheduled", "finished", "preemptions")
+            fields = ("request", "status", "first scheduled", "finished", "preemptions", "tokens")
             differ = ", ".join(
                 f"{f} {x} (grouped) vs {y} (sorted)"
                 for f, x, y in zip(fields, a, b, strict=True)
