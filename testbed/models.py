@@ -54,7 +54,7 @@ def resolve_model(model: Mapping[str, Any] | str | Path) -> ResolvedModel:
         if path.is_dir() or (path.suffix == ".json" and path.exists()):
             folder = path if path.is_dir() else path.parent
             return ResolvedModel(folder.name, read_hf_config(folder), folder, str(folder))
-        model = model_config(str(model))
+        model = model_entry(str(model))
     name = model["name"]
     if model.get("path"):
         folder = Path(_env_interpolation(str(model["path"])))
@@ -67,7 +67,7 @@ def resolve_model(model: Mapping[str, Any] | str | Path) -> ResolvedModel:
     raise ValueError(f"model {name!r} needs hf_config or path")
 
 
-def model_config(name: str) -> dict[str, Any]:
+def model_entry(name: str) -> dict[str, Any]:
     """``conf/model/<name>.yaml`` read without Hydra (the engine's offline API)."""
     conf = MODEL_CONFIGS / f"{name}.yaml"
     if not conf.exists():
