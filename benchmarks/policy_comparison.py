@@ -26,14 +26,13 @@ from pathlib import Path
 
 from common import write_results
 
-from testbed.build import model_spec, run_trace
+from testbed.build import model_spec
 from testbed.capacity import find_capacity
 from testbed.config_schema import compose_config
 from testbed.metrics.summary import summarize
 from testbed.modes.sim import simulate
 from testbed.workload import to_requests
 from traces import load_trace
-from traces.transforms import mean_rate
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,7 +54,7 @@ def config(*overrides: str):
 def capacity(num_requests: int) -> float:
     """The highest rate the engine sustains on the trace (as ``load=`` finds it)."""
     cfg = config(*([f"trace.num_requests={num_requests}"] if num_requests else []))
-    return find_capacity(cfg, model_spec(cfg.model), start_rate=mean_rate(run_trace(cfg)))
+    return find_capacity(cfg)
 
 
 def run(policy: str, rate: float, num_requests: int) -> dict:

@@ -36,7 +36,7 @@ from typing import Any
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from testbed.build import latency_model, load_requests, run_trace
+from testbed.build import latency_model, load_requests, model_spec, run_trace
 from testbed.config_schema import SimMode
 from testbed.errors import InputError
 from testbed.metrics.summary import (
@@ -125,8 +125,14 @@ def bracket(cfg: DictConfig, spec: ModelSpec, start_rate: float) -> tuple[float,
     return lo, hi
 
 
-def find_capacity(cfg: DictConfig, spec: ModelSpec, start_rate: float) -> float:
-    """The highest sustained rate (req/s) of ``cfg``'s trace found (:func:`bracket`)."""
+def find_capacity(
+    cfg: DictConfig, spec: ModelSpec | None = None, start_rate: float | None = None
+) -> float:
+    """The highest sustained rate (req/s) of ``cfg``'s trace found (:func:`bracket`),
+    searched from ``start_rate`` (default: the trace's own rate)."""
+    spec = spec or model_spec(cfg.model)
+    if start_rate is None:
+        start_rate = mean_rate(run_trace(cfg))
     return bracket(cfg, spec, start_rate)[0]
 
 

@@ -7,10 +7,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from testbed.build import model_spec, run_trace
 from testbed.capacity import find_capacity
 from testbed.config_schema import compose_config
-from traces.transforms import mean_rate
 
 QUIET = ["logging=disabled", "progress=false", "plots=false"]  # every run's, real and simulated
 
@@ -59,7 +57,7 @@ def capacity(common: list[str]) -> float:
     """The highest arrival rate the engine sustains on this trace, in simulation
     (``testbed.capacity``, what ``python run.py load=...`` scales a trace by)."""
     cfg = compose_config([*common, "mode=sim"])
-    return find_capacity(cfg, model_spec(cfg.model), start_rate=mean_rate(run_trace(cfg)))
+    return find_capacity(cfg)
 
 
 def reused_rates(reuse: Path, trace: str) -> tuple[float, float]:
