@@ -54,17 +54,25 @@ def run_and_signal(args: list[str], sig: int, run_dir: Path) -> tuple[int, str, 
     proc = subprocess.Popen(
         cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
+    # One reader thread per pipe: Popen.communicate would read stderr too, racing the
+    # reader for the last lines ("interrupted").
+    out: list[str] = []
     err: list[str] = []
-    reader = threading.Thread(target=lambda: err.extend(iter(lambda: proc.stderr.read(1), "")))
-    reader.start()
+    readers = [
+        threading.Thread(target=lambda: out.extend(iter(lambda: proc.stdout.read(1), ""))),
+        threading.Thread(target=lambda: err.extend(iter(lambda: proc.stderr.read(1), ""))),
+    ]
+    for reader in readers:
+        reader.start()
     deadline = time.monotonic() + 300
     while "req" not in "".join(err) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     time.sleep(2.0)
     proc.send_signal(sig)
-    out, _ = proc.communicate(timeout=120)
-    reader.join(timeout=10)
-    return proc.returncode, out, "".join(err)
+    proc.wait(timeout=120)
+    for reader in readers:
+        reader.join(timeout=30)
+    return proc.returncode, "".join(out), "".join(err)
 
 
 def latency_model(model: str = "llama3-8b", hardware: str = "h200"):
