@@ -60,3 +60,4 @@ def write_plots(run_dir: Path, requests: pd.DataFrame, steps: StepLog, title: st
     paths.append(run_dir / "timeline.png")
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
+    return paths

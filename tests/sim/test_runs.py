@@ -137,16 +137,15 @@ def test_oversized_requests_are_rejected_with_reasons(tmp_path, capsys):
 
 
 def test_wandb_offline_writes_its_run_folder(tmp_path):
+    """The default settings (offline W&B, plots): the run's plots are logged too."""
     wandb_dir = tmp_path / "wb"
-    run(
-        tmp_path,
-        "trace.num_requests=20",
-        "logging=offline",
-        f"logging.wandb.dir={wandb_dir}",
-        "logging.wandb.group=test-group",
-    )
+    overrides = ["trace.num_requests=20", "progress=false", "logging=offline"]
+    overrides += [f"logging.wandb.dir={wandb_dir}", "logging.wandb.group=test-group"]
+    run_from_config(compose_cfg(*overrides), tmp_path / "run")
     runs = list((wandb_dir / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
+    logged = {p.name.split("_")[0] for p in runs[0].glob("files/media/images/*.png")}
+    assert {"ttft", "tpot", "timeline"} <= logged
 
 
 @pytest.mark.parametrize("trace", ["azure_conv", "mooncake_conv", "sharegpt"])
