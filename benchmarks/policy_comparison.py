@@ -62,7 +62,7 @@ def run(policy: str, rate: float, num_requests: int) -> dict:
     opts = {"rate": rate} | ({"num_requests": num_requests} if num_requests else {})
     requests = to_requests(load_trace("azure_conv", **opts), seed=cfg.seed)
     result, extra = simulate(cfg, requests, model_spec(cfg.model))
-    m = summarize(result.requests, result.steps)
+    m = summarize(result)
     return dict(
         policy=policy,
         rate=rate,

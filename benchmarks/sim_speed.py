@@ -22,7 +22,7 @@ from common import write_results
 
 from testbed.build import model_spec
 from testbed.config_schema import compose_config
-from testbed.metrics.summary import requests_frame, summarize
+from testbed.metrics.summary import summarize
 from testbed.modes.sim import simulate
 from testbed.workload import to_requests
 from traces import load_trace
@@ -55,7 +55,7 @@ def measure(cfg, trace: pd.DataFrame, spec) -> dict:
     t0 = time.perf_counter()
     result, extra = simulate(cfg, requests, spec)
     wall = time.perf_counter() - t0
-    summary = summarize(result.requests, result.steps, requests_frame(result.requests))
+    summary = summarize(result)
     return dict(
         requests=len(requests),
         finished=summary["num_finished"],

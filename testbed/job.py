@@ -84,7 +84,7 @@ def run_from_config(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[
     req_df = requests_frame(result.requests)
     metrics = {
         **run_fields(cfg, spec.name, trace),
-        **summarize(result.requests, result.steps, req_df),
+        **summarize(result, req_df),
         **load,
         **extra,
     }

@@ -13,10 +13,11 @@ Only a data plane that samples stand-in tokens (the simulator) may use this.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 
-from testbed.core.request import Request, RequestStatus
-from testbed.core.scheduler import STAND_IN_TOKEN, Scheduler
+from testbed.core.request import STAND_IN_TOKEN, Request, RequestStatus
+from testbed.core.scheduler import Scheduler
 
 FINISHED_LENGTH = RequestStatus.FINISHED_LENGTH
 
@@ -120,7 +121,10 @@ def advance_decode(sched: Scheduler, end_times: Sequence[float]) -> tuple[list[i
             req.first_token_time = end_times[0]
         out_ids = req.output_token_ids
         out_ids.extend(stand_ins)
-        req.token_times.extend(end_times)
+        if req.token_times is None:
+            req.token_times = array("d", end_times)
+        else:
+            req.token_times.extend(end_times)
         if (c + k) // bs > c // bs:  # a block filled up: it may become findable
             kv.cache_blocks(req)
         if req.num_prompt_tokens + len(out_ids) >= req.max_num_tokens:

@@ -15,6 +15,8 @@ from array import array
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
+STAND_IN_TOKEN = 0  # what a simulated data plane "samples"
+
 
 class RequestStatus(enum.IntEnum):
     """Where a request is. Every status at or above ``FINISHED_STOPPED`` is final."""
@@ -95,7 +97,7 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
     output_token_ids: list[int] = field(default_factory=list)
-    spec_token_ids: list[int] = field(default_factory=list)  # drafts to verify
+    spec_token_ids: Sequence[int] = ()  # drafts to verify (a list when there are any)
     num_cached_tokens: int = -1  # prefix-cache hit at first admission; -1: not yet
     num_preemptions: int = 0
     finish_reason: str | None = None
@@ -107,7 +109,7 @@ class Request:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finish_time: float | None = None
-    token_times: array = field(default_factory=lambda: array("d"))
+    token_times: array | None = None  # when each output token came (from the first)
 
     # --- spec-decode counters ---
     num_draft_tokens: int = 0
@@ -177,8 +179,38 @@ class Request:
             return None
         return (hashes[h], index % per_hash)
 
+    def keep_counts_only(self) -> None:
+        """Free a finished simulated request's per-token records: its stand-in
+        output becomes its count (:class:`StandInOutput`) and its token times go
+        (the simulator has pooled its gaps by then). A million requests' tokens
+        would otherwise take gigabytes."""
+        self.output_token_ids = StandInOutput(len(self.output_token_ids))
+        self.token_times = None
+
     def __repr__(self) -> str:  # short: requests show up in assertion messages
         return (
             f"Request({self.request_id!r}, {self.status.name}, prompt={self.num_prompt_tokens}, "
             f"out={len(self.output_token_ids)}, computed={self.num_computed_tokens})"
         )
+
+
+class StandInOutput(Sequence[int]):
+    """A finished simulated request's output: ``n`` stand-in tokens, kept as their count."""
+
+    __slots__ = ("_n",)
+
+    def __init__(self, n: int) -> None:
+        self._n = n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [STAND_IN_TOKEN] * len(range(*index.indices(self._n)))
+        if not -self._n <= index < self._n:
+            raise IndexError(f"output token {index} of {self._n}")
+        return STAND_IN_TOKEN
+
+    def __repr__(self) -> str:
+        return f"StandInOutput({self._n})"

@@ -11,16 +11,17 @@ by recompute; no request is admitted in a step that preempted.
 
 from __future__ import annotations
 
+from array import array
+
 from testbed.core.config import SchedulerConfig
 from testbed.core.kv_cache import KVCacheManager
 from testbed.core.outputs import ExecutorOutput, SchedulerOutput
 from testbed.core.policy import Decision, Policy, overrides
 from testbed.core.queue import create_waiting_queue
-from testbed.core.request import Request, RequestStatus
+from testbed.core.request import STAND_IN_TOKEN, Request, RequestStatus
 
 RUNNING = RequestStatus.RUNNING
 _STOPPED = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH)
-STAND_IN_TOKEN = 0  # what a simulated data plane "samples"
 
 
 class Scheduler:
@@ -251,7 +252,7 @@ class Scheduler:
         self.kv.free(victim)
         victim.status = RequestStatus.PREEMPTED
         victim.num_computed_tokens = 0
-        victim.spec_token_ids.clear()
+        victim.spec_token_ids = ()
         victim.remote_kv_tokens = 0  # recompute locally
         victim.num_preemptions += 1
         self.num_preemptions += 1
@@ -391,14 +392,14 @@ class Scheduler:
                     req.num_computed_tokens -= n_spec + 1 - len(tokens)
                     req.num_draft_tokens += n_spec
                     req.num_accepted_tokens += len(tokens) - 1
-                    req.spec_token_ids.clear()
+                    req.spec_token_ids = ()
             if cache:  # before a finished request frees its blocks
                 self.kv.cache_blocks(req)
             if samples:
                 if self._append_tokens(req, tokens, now):
                     finished.append(req)
                 elif drafts:
-                    req.spec_token_ids[:] = drafts.get(req.request_id, ())
+                    req.spec_token_ids = list(drafts.get(req.request_id, ())) or ()
         if self.kv.num_registered != registered:
             # Blocks this step computed are findable now: the head that found no
             # room may hit them and need fewer blocks at the next admission.
@@ -417,6 +418,8 @@ class Scheduler:
         params = req.sampling_params
         stop_at = req.max_num_tokens
         out_ids, times = req.output_token_ids, req.token_times
+        if times is None:
+            times = req.token_times = array("d")
         if req.first_token_time is None:
             req.first_token_time = now
         eos = None if params.ignore_eos else req.eos_token_id

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from testbed.core import Request
+from testbed.core import Request, RequestStatus
+from testbed.metrics.gaps import PooledGaps
 from testbed.metrics.steplog import StepLog
 
 
@@ -21,3 +22,12 @@ class RunResult:
     # What stopped the run early: an exception, or the interrupt (Ctrl-C, SIGTERM).
     error: BaseException | None = None
     extra: dict = field(default_factory=dict)
+    # The finished requests' inter-token gaps (the simulator pools them as requests
+    # finish and frees their token times; None: take them from the requests).
+    gaps: PooledGaps | None = None
+
+    def itl_gaps(self) -> PooledGaps:
+        if self.gaps is None:
+            done = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH)
+            self.gaps = PooledGaps.of(r.token_times for r in self.requests if r.status in done)
+        return self.gaps

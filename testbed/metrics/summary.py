@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 from testbed.core import Request, RequestStatus
-from testbed.metrics.steplog import StepLog
+from testbed.metrics.result import RunResult
 
 LATENCIES = ("ttft_s", "tpot_s", "itl_s", "e2e_s", "queue_s")
 _FINISHED = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH)
@@ -106,15 +106,6 @@ def requests_frame(requests: Sequence[Request]) -> pd.DataFrame:
     unfinished = ~df["status"].isin([s.name.lower() for s in _FINISHED])
     df.loc[unfinished, ["ttft_s", "e2e_s"]] = np.nan
     return df
-
-
-def inter_token_latencies(requests: Sequence[Request]) -> np.ndarray:
-    gaps = [
-        np.diff(np.frombuffer(r.token_times, dtype=np.float64))
-        for r in requests
-        if r.status in _FINISHED and len(r.token_times) > 1
-    ]
-    return np.concatenate(gaps) if gaps else np.empty(0)
 
 
 def _stats(name: str, values: np.ndarray) -> dict[str, float]:
@@ -196,11 +187,11 @@ def _jain(x: np.ndarray) -> float:
     return float(x.sum() ** 2 / (len(x) * (x**2).sum())) if len(x) and (x**2).sum() > 0 else 1.0
 
 
-def summarize(
-    requests: Sequence[Request], steps: StepLog, df: pd.DataFrame | None = None
-) -> dict[str, float]:
-    """Every metric of ``metrics.json`` that the records determine."""
-    df = requests_frame(requests) if df is None else df
+def summarize(result: RunResult, df: pd.DataFrame | None = None) -> dict[str, float]:
+    """Every metric of ``metrics.json`` that the run's records determine (``df``:
+    its ``requests_frame``, where already built)."""
+    steps = result.steps
+    df = requests_frame(result.requests) if df is None else df
     done = df[df["status"].isin([s.name.lower() for s in _FINISHED])]
     n_done = len(done)
     start = float(df["arrival_s"].min()) if len(df) else 0.0
@@ -228,8 +219,10 @@ def summarize(
         "throughput_total_tok_s": per_s(in_tok + out_tok),
     }
     for name in LATENCIES:
-        col = inter_token_latencies(requests) if name == "itl_s" else done[name].to_numpy(float)
-        m.update(_stats(name, col))
+        if name == "itl_s":
+            m.update(result.itl_gaps().stats(name))
+        else:
+            m.update(_stats(name, done[name].to_numpy(float)))
     ends = steps.column("start_s") + steps.column("latency_s")
     m.update(backlog(df, float(ends.max()) if ends.size else -math.inf))
     m["top_reject_reasons"] = top_reject_reasons(df)

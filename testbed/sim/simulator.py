@@ -24,13 +24,15 @@ import numpy as np
 import simpy
 
 from policies.routers import RoundRobin, Router
-from testbed.core import EngineCore, Request
+from testbed.core import EngineCore, Request, RequestStatus
 from testbed.core.fast_forward import advance_decode, decode_horizon
 from testbed.core.policy import warn_of_costs
 from testbed.metrics import RunResult, StepLog
+from testbed.metrics.gaps import PooledGaps
 from testbed.sim.latency import decode_latencies
 from testbed.sim.speed import SpeedTrace
 
+_SERVED = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH)
 MAX_JUMP = 4096  # steps per jump at most (bounds the arrays built per jump)
 
 
@@ -210,14 +212,19 @@ class Simulation:
         fast_forward: bool = True,
         on_progress: Callable[[float, int], None] | None = None,
         max_sim_time_s: float | None = None,
+        keep_tokens: bool = False,
     ) -> None:
+        """``keep_tokens``: keep each finished request's token times and stand-in
+        output (tests compare them) instead of only their counts and pooled gaps."""
         self.env = simpy.Environment()
+        self.keep_tokens = keep_tokens
         self.requests = list(requests)
         self.latency_model = latency_model
         self.fast_forward = fast_forward
         self.steps = StepLog()
         self.num_jumps = self.num_jumped_steps = 0
         self.num_finished = 0
+        self.gaps = PooledGaps()
         self.on_progress = on_progress
         self.max_sim_time_s = max_sim_time_s
         clock = lambda: self.env.now  # noqa: E731
@@ -227,7 +234,14 @@ class Simulation:
             warn_of_costs(self.replicas[0].engine.scheduler.policy)
 
     def on_finished(self, finished: Sequence[Request]) -> None:
+        """Count them, pool the finished ones' token gaps and keep only counts of
+        their tokens (memory stays per request, not per token)."""
         self.num_finished += len(finished)
+        for req in finished:
+            if req.status in _SERVED:
+                self.gaps.add(req.token_times)
+            if not self.keep_tokens:
+                req.keep_counts_only()
         if self.on_progress is not None:
             self.on_progress(self.env.now, self.num_finished)
 
@@ -263,6 +277,7 @@ class Simulation:
             partial=partial,
             stop_reason=reason,
             error=error,
+            gaps=self.gaps,
             extra={
                 "num_finished_reported": self.num_finished,
                 "outstanding": [rep.num_outstanding for rep in self.replicas],

@@ -218,7 +218,7 @@ def test_speculative_decoding_budget_lookahead_and_rollback():
     s.add_request(r, 0)
     step(s)  # prefill: 4 tokens + 3 lookahead slots -> 2 blocks of 4
     assert len(s.kv.get_block_ids("r0")) == 2
-    r.spec_token_ids[:] = [1, 2, 3]
+    r.spec_token_ids = [1, 2, 3]
     so = s.schedule(0)
     assert scheduled(so) == {"r0": 4} and so.spec_token_ids == {"r0": [1, 2, 3]}
     assert r.num_computed_tokens == 8
@@ -233,7 +233,7 @@ def test_budget_cuts_drafts_not_the_request():
     (r,) = create_requests(1, prompt_len=3, output_len=20)
     s.add_request(r, 0)
     step(s)
-    r.spec_token_ids[:] = [1, 2, 3, 4]
+    r.spec_token_ids = [1, 2, 3, 4]
     so = s.schedule(0)
     assert scheduled(so) == {"r0": 3} and so.spec_token_ids == {"r0": [1, 2]}
 

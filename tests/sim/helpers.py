@@ -140,6 +140,7 @@ def simulate(
         num_replicas=replicas,
         router=make_router(router),
         fast_forward=fast_forward,
+        keep_tokens=True,
     )
     return sim.run(), engines
 
@@ -152,7 +153,7 @@ def observable(requests):
             r.first_scheduled_time,
             r.first_token_time,
             r.finish_time,
-            tuple(r.token_times),
+            tuple(r.token_times or ()),
             r.num_preemptions,
             r.num_cached_tokens,
             r.num_output_tokens,
