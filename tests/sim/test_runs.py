@@ -360,7 +360,7 @@ def test_a_custom_policy_is_labelled_by_its_classs_name(tmp_path):
     assert m["policy"] == "vtc"
 
 
-def test_a_request_table_too_long_for_wandb_is_logged_whole_as_a_file(tmp_path, monkeypatch):
+def test_a_request_table_too_long_for_wandb_is_logged_whole_as_a_file(tmp_path):
     from testbed.report import wandb_log
 
     class Run:
@@ -378,14 +378,14 @@ def test_a_request_table_too_long_for_wandb_is_logged_whole_as_a_file(tmp_path, 
     frame = pd.DataFrame({"request_id": [f"req-{i}" for i in range(20)], "e2e_s": range(20)})
     csv = tmp_path / "requests.csv"
     frame.to_csv(csv, index=False)
-    monkeypatch.setattr(wandb_log, "TABLE_ROWS", 10)
     run_ = Run()
-    how = wandb_log.log_requests(run_, frame, csv)
+    how = wandb_log.log_requests(run_, frame, csv, table_rows=10)
     assert how.startswith("file artifact requests.csv (20 rows")
     assert run_.summary["requests_logged_as"] == how and not run_.logged
     assert [e.path for e in run_.artifacts[0].manifest.entries.values()] == ["requests.csv"]
     small = Run()
-    assert wandb_log.log_requests(small, frame.head(5), csv) == "table" and small.logged
+    assert wandb_log.log_requests(small, frame.head(10), csv, table_rows=10) == "table"
+    assert small.logged
 
 
 def test_an_output_folder_that_cannot_be_written_is_named_before_hydra_starts(tmp_path):
