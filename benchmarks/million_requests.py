@@ -7,14 +7,14 @@ with tenants, priorities, SLOs and shared prefixes), then runs, as a user would,
     python run.py trace=csv trace.path=<file> trace.rate=<rate>
 
 with every other setting at its default (offline W&B logging, plots, progress
-bar), and the same command on the first ``--small`` rows of the file (the
-peer in the same run: what the process costs without the requests). Each run's
-peak memory is its process's maximum resident set size (``getrusage``).
+bar), and the same command on a file of the first ``--small`` rows (the peer
+in the same run: what the process costs without the requests). Each run's peak
+memory is its process's maximum resident set size (``getrusage``).
 
 * ``time_ratio``: the process's wall time over ``sim_wall_s`` (the simulation
   itself, from ``metrics.json``): what writing, summarising and logging cost.
 * ``bytes_per_request``: (peak of the big run - peak of the small run - the
-  trace file's size) / (its requests - the small run's).
+  trace files' difference in size) / (the difference in requests).
 
     python benchmarks/million_requests.py [--requests 1000000] [--rates 5.6 2]
         [--out benchmarks/results/million_requests.json]
@@ -48,16 +48,15 @@ def write_trace(path: Path, num_requests: int) -> Path:
     return export_csv(trace, path)
 
 
-def run(trace: Path, rate: float, num_requests: int, out_dir: Path) -> dict:
-    """``python run.py`` on the trace's first ``num_requests`` rows at ``rate``, in a
-    child process; its wall time, peak memory and metrics."""
+def run(trace: Path, rate: float, out_dir: Path) -> dict:
+    """``python run.py`` on the trace at ``rate``, in a child process; its wall
+    time, peak memory and metrics."""
     cmd = [
         sys.executable,
         str(ROOT / "run.py"),
         "trace=csv",
         f"trace.path={trace}",
         f"trace.rate={rate}",
-        f"trace.num_requests={num_requests}",
         f"hydra.run.dir={out_dir}",
     ]
     env = {**os.environ, "WANDB_DIR": str(out_dir.parent / "wandb")}
@@ -100,12 +99,13 @@ def main() -> None:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     trace = write_trace(work / f"trace_{args.requests}.csv", args.requests)
-    file_bytes = trace.stat().st_size
+    small_trace = write_trace(work / f"trace_{args.small}.csv", args.small)
+    file_bytes = trace.stat().st_size - small_trace.stat().st_size
     rows = []
     stamp = time.strftime("%H%M%S")
     for rate in args.rates:
-        small = run(trace, rate, args.small, work / f"{stamp}_small_{rate:g}")
-        big = run(trace, rate, args.requests, work / f"{stamp}_big_{rate:g}")
+        small = run(small_trace, rate, work / f"{stamp}_small_{rate:g}")
+        big = run(trace, rate, work / f"{stamp}_big_{rate:g}")
         m = big["metrics"]
         beyond = big["peak_bytes"] - small["peak_bytes"] - file_bytes
         rows.append(
@@ -120,7 +120,7 @@ def main() -> None:
                 "time_ratio": big["wall_s"] / m["sim_wall_s"],
                 "peak_bytes": big["peak_bytes"],
                 "small_peak_bytes": small["peak_bytes"],
-                "trace_file_bytes": file_bytes,
+                "trace_file_bytes": trace.stat().st_size,
                 "bytes_per_request": beyond / (args.requests - args.small),
                 "steps_per_request": m["num_steps"] / args.requests,
                 "overloaded": m["overloaded"],
@@ -141,7 +141,6 @@ def main() -> None:
         "million_requests",
         rows,
         command=" ".join(["python", "benchmarks/million_requests.py", *sys.argv[1:]]),
-        trace_file_bytes=file_bytes,
         peak_rss_of="the run.py process (getrusage ru_maxrss, Linux: KiB)",
         cpu_count=os.cpu_count(),
     )

@@ -69,6 +69,8 @@ def run_from_config(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[
                 "with these arrivals, and latencies grow with the trace's length"
             )
     trace, requests = load_requests(cfg, spec, rate=load.get("rate_req_s"))
+    fields = run_fields(cfg, spec.name, trace)
+    del trace  # the requests hold what the run needs of it
     progress = Progress(len(requests), cfg.progress)
     try:
         if cfg.mode.name == "sim":
@@ -83,7 +85,7 @@ def run_from_config(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[
         progress.close()
     req_df = requests_frame(result.requests)
     metrics = {
-        **run_fields(cfg, spec.name, trace),
+        **fields,
         **summarize(result, req_df),
         **load,
         **extra,

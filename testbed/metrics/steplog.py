@@ -161,3 +161,29 @@ class StepLog:
             order = np.lexsort((frame["replica"].to_numpy(), frame["start_s"].to_numpy()))
             frame = frame.iloc[order].reset_index(drop=True)
         return frame
+
+    def frames(self, rows: int = 1 << 20):
+        """:meth:`to_frame` in pieces of up to ``rows`` rows, so that writing a long
+        log takes memory per piece (one replica's rows are in time order as
+        logged; several replicas' are ordered whole)."""
+        import pandas as pd
+
+        replicas = self._ints["replica"]
+        if len(replicas) and min(replicas) != max(replicas):
+            yield self.to_frame()
+            return
+        lengths = np.frombuffer(self._runs, dtype=np.int64)
+        ends = np.cumsum(lengths)  # run i holds rows [ends[i] - lengths[i], ends[i])
+        for start in range(0, len(self), rows):
+            end = min(start + rows, len(self))
+            first, last = np.searchsorted(ends, [start, end - 1], side="right")
+            span = slice(first, last + 1)
+            cut = np.minimum(ends[span], end) - np.maximum(ends[span] - lengths[span], start)
+            columns = {}
+            for name in ORDER:
+                if name in self._floats:
+                    columns[name] = np.frombuffer(self._floats[name], np.float64)[start:end]
+                else:
+                    values = np.frombuffer(self._ints[name], np.int64)[span]
+                    columns[name] = np.repeat(values, cut)
+            yield pd.DataFrame(columns)

@@ -36,11 +36,23 @@ def write_metrics(run_dir: Path, metrics: dict[str, Any]) -> Path:
     return path
 
 
+PIECE_ROWS = 1 << 20  # steps.csv is written this many rows at a time
+
+
 def write_tables(run_dir: Path, requests: pd.DataFrame, steps: StepLog) -> None:
-    requests.to_csv(run_dir / "requests.csv", index=False)
-    frame = steps.to_frame()
-    frame.insert(0, "step", np.arange(len(frame)))
-    frame.to_csv(run_dir / "steps.csv", index=False, float_format="%.9g")
+    """``requests.csv`` and ``steps.csv``, written a piece at a time (a text copy of
+    a million rows at once would take gigabytes)."""
+    requests.to_csv(run_dir / "requests.csv", index=False, chunksize=100_000)
+    with open(run_dir / "steps.csv", "w", newline="") as f:
+        row = 0
+        for frame in steps.frames(PIECE_ROWS):
+            frame.insert(0, "step", np.arange(row, row + len(frame)))
+            frame.to_csv(f, index=False, header=row == 0, float_format="%.9g")
+            row += len(frame)
+        if row == 0:  # the header alone
+            empty = steps.to_frame()
+            empty.insert(0, "step", np.arange(0))
+            empty.to_csv(f, index=False)
 
 
 def write_idle_probe(run_dir: Path, samples: list[tuple[float, float]]) -> None:
