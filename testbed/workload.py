@@ -16,6 +16,8 @@ import pandas as pd
 
 from testbed.core import Request, SamplingParams
 
+_PIECE = 65_536
+
 
 def _opt(value) -> float | None:
     return None if value is None or (isinstance(value, float) and math.isnan(value)) else value
@@ -30,42 +32,55 @@ def to_requests(
 ) -> list[Request]:
     """One :class:`Request` per trace row; it stops at the row's output length."""
     block = int(trace.attrs.get("hash_block_tokens", 512))
-    cols = [
-        trace[c].tolist()
-        for c in (
-            "arrival_s",
-            "prompt_tokens",
-            "output_tokens",
-            "tenant",
-            "priority",
-            "ttft_slo_s",
-            "tpot_slo_s",
-            "prefix_hash_ids",
-        )
-    ]
+    names = (
+        "arrival_s",
+        "prompt_tokens",
+        "output_tokens",
+        "tenant",
+        "priority",
+        "ttft_slo_s",
+        "tpot_slo_s",
+        "prefix_hash_ids",
+    )
+    # Requests with the same output length share their (never mutated) sampling
+    # parameters, and equal SLOs one float: a million requests repeat a few values.
+    params: dict[int, SamplingParams] = {}
+    shared: dict[object, object] = {}
     out = []
-    for i, (t, n_in, n_out, tenant, prio, ttft, tpot, hashes) in enumerate(zip(*cols, strict=True)):
-        hashes = tuple(hashes) if hashes is not None and not _is_nan(hashes) else None
-        tokens = (
-            prompt_tokens(i, int(n_in), hashes, block, vocab_size, seed) if with_tokens else None
-        )
-        out.append(
-            Request(
-                request_id=f"req-{i}",
-                prompt_token_ids=tokens,
-                num_prompt_tokens=int(n_in),
-                sampling_params=SamplingParams(max_tokens=int(n_out), ignore_eos=True),
-                target_output_tokens=int(n_out),
-                eos_token_id=eos_token_id,
-                tenant=str(tenant),
-                priority=int(prio),
-                ttft_slo_s=_opt(ttft),
-                tpot_slo_s=_opt(tpot),
-                arrival_time=float(t),
-                prefix_hash_ids=hashes,
-                hash_block_tokens=block,
+    for first in range(0, len(trace), _PIECE):  # Python objects of a piece of rows at a time
+        cols = [trace[c].iloc[first : first + _PIECE].tolist() for c in names]
+        for i, (t, n_in, n_out, tenant, prio, ttft, tpot, hashes) in enumerate(
+            zip(*cols, strict=True), start=first
+        ):
+            hashes = tuple(hashes) if hashes is not None and not _is_nan(hashes) else None
+            tokens = (
+                prompt_tokens(i, int(n_in), hashes, block, vocab_size, seed)
+                if with_tokens
+                else None
             )
-        )
+            n_out = int(n_out)
+            if n_out not in params:
+                params[n_out] = SamplingParams(max_tokens=n_out, ignore_eos=True)
+            ttft, tpot, tenant = (
+                shared.setdefault(v, v) for v in (_opt(ttft), _opt(tpot), str(tenant))
+            )
+            out.append(
+                Request(
+                    request_id=f"req-{i}",
+                    prompt_token_ids=tokens,
+                    num_prompt_tokens=int(n_in),
+                    sampling_params=params[n_out],
+                    target_output_tokens=n_out,
+                    eos_token_id=eos_token_id,
+                    tenant=tenant,
+                    priority=int(prio),
+                    ttft_slo_s=ttft,
+                    tpot_slo_s=tpot,
+                    arrival_time=float(t),
+                    prefix_hash_ids=hashes,
+                    hash_block_tokens=block,
+                )
+            )
     return out
 
 

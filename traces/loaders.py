@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -236,6 +237,28 @@ def _parse_hash_ids(values: pd.Series, path: Path, lines: list[int] | None, skip
     return out
 
 
+class _DataLines(Sequence[int]):
+    """The file line of each data row (pandas skips blank lines), counted only when
+    an error message names one (a million-row file's lines are not kept)."""
+
+    def __init__(self, text: str, skip: int, num_rows: int) -> None:
+        self._text, self._skip, self._num_rows = text, skip, num_rows
+        self._lines: list[int] | None = None
+
+    def __len__(self) -> int:
+        return self._num_rows
+
+    def __getitem__(self, i):
+        if self._lines is None:
+            rows = enumerate(self._text.splitlines())
+            lines = [i + 1 for i, s in rows if i > self._skip and s.strip()]
+            # Where the count differs, data row i is at line i + 1 + the header's lines.
+            self._lines = lines if len(lines) == self._num_rows else []
+        if not self._lines:
+            return range(self._skip + 2, self._skip + 2 + self._num_rows)[i]
+        return self._lines[i]
+
+
 def load_csv(path: str | Path) -> pd.DataFrame:
     """Our own trace CSV, as written by :func:`traces.export.export_csv`.
 
@@ -261,9 +284,7 @@ def load_csv(path: str | Path) -> pd.DataFrame:
         **_EXACT_FLOATS,
     )
     _require(raw, path, REQUIRED, header_line=skip + 1)
-    # File line of each data row (pandas skips blank lines), for the error messages.
-    data_lines = [i + 1 for i, s in enumerate(text.splitlines()) if i > skip and s.strip()]
-    lines = data_lines if len(data_lines) == len(raw) else None
+    lines = _DataLines(text, skip, len(raw))
     if "prefix_hash_ids" in raw.columns:
         raw["prefix_hash_ids"] = pd.Series(
             _parse_hash_ids(raw["prefix_hash_ids"], path, lines, skip + 1), dtype="object"

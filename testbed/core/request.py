@@ -14,6 +14,7 @@ import enum
 from array import array
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 STAND_IN_TOKEN = 0  # what a simulated data plane "samples"
 
@@ -184,7 +185,7 @@ class Request:
         output becomes its count (:class:`StandInOutput`) and its token times go
         (the simulator has pooled its gaps by then). A million requests' tokens
         would otherwise take gigabytes."""
-        self.output_token_ids = StandInOutput(len(self.output_token_ids))
+        self.output_token_ids = StandInOutput.of(len(self.output_token_ids))
         self.token_times = None
 
     def __repr__(self) -> str:  # short: requests show up in assertion messages
@@ -195,12 +196,20 @@ class Request:
 
 
 class StandInOutput(Sequence[int]):
-    """A finished simulated request's output: ``n`` stand-in tokens, kept as their count."""
+    """A finished simulated request's output: ``n`` stand-in tokens, kept as their
+    count (immutable: requests with as many tokens share one, :meth:`of`)."""
 
     __slots__ = ("_n",)
+    _made: ClassVar[dict[int, StandInOutput]] = {}
 
     def __init__(self, n: int) -> None:
         self._n = n
+
+    @classmethod
+    def of(cls, n: int) -> StandInOutput:
+        if (made := cls._made.get(n)) is None:
+            made = cls._made[n] = cls(n)
+        return made
 
     def __len__(self) -> int:
         return self._n
