@@ -3,14 +3,23 @@ millions of rows.
 
 Times, latencies, KV usage and attention work are stored per step. The integer columns are
 stored run-length encoded: a simulator jump over many plain decode steps is one
-run, so logging it costs the same as logging one step.
+run, so logging it costs the same as logging one step. Past :data:`SPILL_ROWS`
+rows, the rows logged so far move to files in a temporary folder (removed with
+the log), so that a long run's steps take disk, not memory.
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+import weakref
 from array import array
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import numpy as np
+
+SPILL_ROWS = 1 << 20  # rows kept in memory before they move to files
 
 FLOAT_COLUMNS = ("start_s", "latency_s", "kv_usage", "kv_tokens", "attn_pairs", "max_kv")
 INT_COLUMNS = (
@@ -42,13 +51,51 @@ ORDER = (
 class StepLog:
     """One row per engine step, in both modes."""
 
-    def __init__(self) -> None:
+    def __init__(self, spill_rows: int = SPILL_ROWS) -> None:
         self._floats = {name: array("d") for name in FLOAT_COLUMNS}
         self._ints = {name: array("q") for name in INT_COLUMNS}
         self._runs = array("q")  # how many consecutive rows share the integer values
+        self.spill_rows = spill_rows
+        self._dir: Path | None = None  # the spilled rows' files, once there are any
+        self._spilled_rows = self._spilled_runs = 0
 
     def __len__(self) -> int:
-        return len(self._floats["start_s"])
+        return self._spilled_rows + len(self._floats["start_s"])
+
+    def _spill(self) -> None:
+        """Move the rows in memory to the end of the files."""
+        if self._dir is None:
+            self._dir = Path(tempfile.mkdtemp(prefix="steplog-"))
+            weakref.finalize(self, shutil.rmtree, self._dir, ignore_errors=True)
+        for name, values in (*self._floats.items(), *self._ints.items(), ("runs", self._runs)):
+            with open(self._dir / name, "ab") as f:
+                values.tofile(f)
+        self._spilled_rows += len(self._floats["start_s"])
+        self._spilled_runs += len(self._runs)
+        for values in (*self._floats.values(), *self._ints.values(), self._runs):
+            del values[:]
+
+    def _values(self, name: str, lo: int, hi: int) -> np.ndarray:
+        """Stored values ``lo:hi`` of a column (rows of a float column, runs of an
+        integer one, or the run lengths: ``"runs"``), from the files and memory."""
+        if name == "runs":
+            memory, spilled = self._runs, self._spilled_runs
+        else:
+            memory = self._floats.get(name, self._ints.get(name))
+            spilled = self._spilled_rows if name in self._floats else self._spilled_runs
+        dtype = np.float64 if name in self._floats else np.int64
+        parts = []
+        if lo < spilled:
+            on_disk = np.memmap(self._dir / name, dtype=dtype, mode="r", shape=(spilled,))
+            parts.append(np.array(on_disk[lo : min(hi, spilled)]))
+        if hi > spilled:
+            parts.append(np.frombuffer(memory, dtype=dtype)[max(lo - spilled, 0) : hi - spilled])
+        if not parts:
+            return np.empty(0, dtype=dtype)
+        return parts[0].copy() if len(parts) == 1 else np.concatenate(parts)
+
+    def _num_runs(self) -> int:
+        return self._spilled_runs + len(self._runs)
 
     def add(
         self,
@@ -83,6 +130,8 @@ class StepLog:
             num_running,
             num_preempted,
         )
+        if len(f["start_s"]) >= self.spill_rows:
+            self._spill()
 
     def add_result(self, replica: int, res) -> None:
         """A row from an engine step's ``StepResult``."""
@@ -139,17 +188,38 @@ class StepLog:
         f["max_kv"].frombytes(max_kv.astype(np.float64).tobytes())
         if num_running_after == num_reqs:
             self._run(k, replica, num_reqs, 0, num_reqs, num_waiting, num_reqs, 0)
-            return
-        if k > 1:
-            self._run(k - 1, replica, num_reqs, 0, num_reqs, num_waiting, num_reqs, 0)
-        self._run(1, replica, num_reqs, 0, num_reqs, num_waiting, num_running_after, 0)
+        else:
+            if k > 1:
+                self._run(k - 1, replica, num_reqs, 0, num_reqs, num_waiting, num_reqs, 0)
+            self._run(1, replica, num_reqs, 0, num_reqs, num_waiting, num_running_after, 0)
+        if len(f["start_s"]) >= self.spill_rows:
+            self._spill()
 
     def column(self, name: str) -> np.ndarray:
         """One column, one value per step, in logging order."""
+        return self._rows(name, 0, len(self))
+
+    def _rows(self, name: str, lo: int, hi: int) -> np.ndarray:
+        """Rows ``lo:hi`` of one column, in logging order."""
         if name in self._floats:
-            return np.frombuffer(self._floats[name], dtype=np.float64).copy()
-        runs = np.frombuffer(self._runs, dtype=np.int64)
-        return np.repeat(np.frombuffer(self._ints[name], dtype=np.int64), runs)
+            return self._values(name, lo, hi)
+        lengths = self._values("runs", 0, self._num_runs())
+        ends = np.cumsum(lengths)  # run i holds rows [ends[i] - lengths[i], ends[i])
+        if hi <= lo:
+            return np.empty(0, dtype=np.int64)
+        first, last = np.searchsorted(ends, [lo, hi - 1], side="right")
+        span = slice(int(first), int(last) + 1)
+        cut = np.minimum(ends[span], hi) - np.maximum(ends[span] - lengths[span], lo)
+        return np.repeat(self._values(name, span.start, span.stop), cut)
+
+    def pieces(
+        self, names: Sequence[str], rows: int = SPILL_ROWS
+    ) -> Iterator[dict[str, np.ndarray]]:
+        """The columns ``names``, up to ``rows`` rows at a time, in logging order
+        (for sums and maxima over a log too long to hold whole)."""
+        for lo in range(0, len(self), rows):
+            hi = min(lo + rows, len(self))
+            yield {name: self._rows(name, lo, hi) for name in names}
 
     def to_frame(self):
         """The rows in time order (replicas' steps interleaved by start time)."""
@@ -168,22 +238,9 @@ class StepLog:
         logged; several replicas' are ordered whole)."""
         import pandas as pd
 
-        replicas = self._ints["replica"]
-        if len(replicas) and min(replicas) != max(replicas):
+        replicas = self._values("replica", 0, self._num_runs())
+        if len(replicas) and replicas.min() != replicas.max():
             yield self.to_frame()
             return
-        lengths = np.frombuffer(self._runs, dtype=np.int64)
-        ends = np.cumsum(lengths)  # run i holds rows [ends[i] - lengths[i], ends[i])
-        for start in range(0, len(self), rows):
-            end = min(start + rows, len(self))
-            first, last = np.searchsorted(ends, [start, end - 1], side="right")
-            span = slice(first, last + 1)
-            cut = np.minimum(ends[span], end) - np.maximum(ends[span] - lengths[span], start)
-            columns = {}
-            for name in ORDER:
-                if name in self._floats:
-                    columns[name] = np.frombuffer(self._floats[name], np.float64)[start:end]
-                else:
-                    values = np.frombuffer(self._ints[name], np.int64)[span]
-                    columns[name] = np.repeat(values, cut)
-            yield pd.DataFrame(columns)
+        for piece in self.pieces(ORDER, rows):
+            yield pd.DataFrame(piece)

@@ -41,6 +41,7 @@ import pandas as pd
 
 from testbed.core import Request, RequestStatus
 from testbed.metrics.result import RunResult
+from testbed.metrics.steplog import StepLog
 
 LATENCIES = ("ttft_s", "tpot_s", "itl_s", "e2e_s", "queue_s")
 _FINISHED = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH)
@@ -178,6 +179,20 @@ def _jain(x: np.ndarray) -> float:
     return float(x.sum() ** 2 / (len(x) * (x**2).sum())) if len(x) and (x**2).sum() > 0 else 1.0
 
 
+def step_totals(steps: StepLog) -> dict[str, float]:
+    """Over every step: when the last ended (``end``), busy time (the latencies'
+    sum), KV usage x latency (``kv_time``) and the highest KV usage; a piece of
+    the log at a time (sums by piece where the log is longer than one)."""
+    end, busy, kv_time, kv_max = -math.inf, 0.0, 0.0, math.nan
+    for piece in steps.pieces(("start_s", "latency_s", "kv_usage")):
+        lat, usage = piece["latency_s"], piece["kv_usage"]
+        end = max(end, float((piece["start_s"] + lat).max()))
+        busy += lat.sum()
+        kv_time += (usage * lat).sum()
+        kv_max = float(usage.max()) if math.isnan(kv_max) else max(kv_max, float(usage.max()))
+    return {"end": end, "busy": busy, "kv_time": kv_time, "kv_max": kv_max}
+
+
 def summarize(result: RunResult, df: pd.DataFrame | None = None) -> dict[str, float]:
     """Every metric of ``metrics.json`` that the run's records determine (``df``:
     its ``requests_frame``, where already built)."""
@@ -214,17 +229,15 @@ def summarize(result: RunResult, df: pd.DataFrame | None = None) -> dict[str, fl
             m.update(result.itl_gaps().stats(name))
         else:
             m.update(_stats(name, done[name].to_numpy(float)))
-    ends = steps.column("start_s") + steps.column("latency_s")
-    m.update(backlog(df, float(ends.max()) if ends.size else -math.inf))
+    totals = step_totals(steps)
+    m.update(backlog(df, totals["end"]))
     m["top_reject_reasons"] = top_reject_reasons(df)
     m["num_preemptions"] = int(df["preemptions"].sum())
     m["goodput_req_s"] = per_s(int(met.sum()))
     m["slo_attainment"] = float(met.sum() / len(df)) if len(df) else math.nan
-    lat = steps.column("latency_s")
-    usage = steps.column("kv_usage")
-    busy = lat.sum()
-    m["kv_usage_mean"] = float((usage * lat).sum() / busy) if busy > 0 else math.nan
-    m["kv_usage_max"] = float(usage.max()) if usage.size else math.nan
+    busy = totals["busy"]
+    m["kv_usage_mean"] = float(totals["kv_time"] / busy) if busy > 0 else math.nan
+    m["kv_usage_max"] = totals["kv_max"]
     m["num_steps"] = len(steps)
     asked = df.groupby("tenant")[["prompt_tokens", "output_tokens"]].sum().sum(axis=1)
     served = done.groupby("tenant")[["prompt_tokens", "output_tokens"]].sum().sum(axis=1)

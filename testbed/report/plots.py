@@ -3,6 +3,8 @@ over time (written to the run directory and logged to W&B)."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -11,16 +13,28 @@ import pandas as pd
 from testbed.metrics.steplog import StepLog
 
 
-def binned(t: np.ndarray, v: np.ndarray, bins: int = 400) -> tuple[np.ndarray, np.ndarray]:
-    """Mean of ``v`` in time bins (a million steps do not fit a plot)."""
-    if t.size <= bins:
-        return t, v
-    edges = np.linspace(t.min(), t.max(), bins + 1)
-    idx = np.clip(np.digitize(t, edges) - 1, 0, bins - 1)
-    counts = np.bincount(idx, minlength=bins)
-    sums = np.bincount(idx, weights=v, minlength=bins)
+def binned(
+    steps: StepLog, names: Sequence[str], bins: int = 400
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Step columns ``names`` over time: their means in ``bins`` bins of start time
+    (a million steps do not fit a plot), or every step where there are fewer.
+    Read a piece of the log at a time: a long log is not held whole."""
+    if len(steps) <= bins:
+        return steps.column("start_s"), {n: steps.column(n).astype(np.float64) for n in names}
+    first, last = math.inf, -math.inf
+    for piece in steps.pieces(["start_s"]):
+        first, last = min(first, piece["start_s"].min()), max(last, piece["start_s"].max())
+    edges = np.linspace(first, last, bins + 1)
+    counts = np.zeros(bins, dtype=np.int64)
+    sums = {n: np.zeros(bins) for n in names}
+    for piece in steps.pieces(["start_s", *names]):
+        idx = np.clip(np.digitize(piece["start_s"], edges) - 1, 0, bins - 1)
+        counts += np.bincount(idx, minlength=bins)
+        for n in names:
+            sums[n] += np.bincount(idx, weights=piece[n].astype(np.float64), minlength=bins)
     keep = counts > 0
-    return ((edges[:-1] + edges[1:]) / 2)[keep], sums[keep] / counts[keep]
+    centers = ((edges[:-1] + edges[1:]) / 2)[keep]
+    return centers, {n: sums[n][keep] / counts[keep] for n in names}
 
 
 def write_plots(run_dir: Path, requests: pd.DataFrame, steps: StepLog, title: str) -> list[Path]:
@@ -42,16 +56,12 @@ def write_plots(run_dir: Path, requests: pd.DataFrame, steps: StepLog, title: st
         paths.append(run_dir / f"{col.removesuffix('_s')}_cdf.png")
         fig.savefig(paths[-1], dpi=110)
         plt.close(fig)
-    t = steps.column("start_s")
+    series = (("num_waiting", "queue length"), ("num_reqs", "batch size"), ("kv_usage", "KV usage"))
+    t, means = binned(steps, [name for name, _ in series])
     fig, axes = plt.subplots(3, 1, figsize=(7, 6), sharex=True)
-    for ax, (name, label) in zip(
-        axes,
-        (("num_waiting", "queue length"), ("num_reqs", "batch size"), ("kv_usage", "KV usage")),
-        strict=True,
-    ):
-        v = steps.column(name).astype(np.float64)
+    for ax, (name, label) in zip(axes, series, strict=True):
         if t.size:
-            ax.plot(*binned(t, v), lw=1)
+            ax.plot(t, means[name], lw=1)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     axes[-1].set_xlabel("time (s)")

@@ -42,7 +42,9 @@ PIECE_ROWS = 1 << 18  # steps.csv is written this many rows at a time
 def write_tables(run_dir: Path, requests: pd.DataFrame, steps: StepLog) -> None:
     """``requests.csv`` and ``steps.csv``, written a piece at a time (a text copy of
     a million rows at once would take gigabytes)."""
-    requests.to_csv(run_dir / "requests.csv", index=False)  # pandas writes a few thousand rows at a time
+    requests.to_csv(
+        run_dir / "requests.csv", index=False
+    )  # pandas writes a few thousand rows at a time
     with open(run_dir / "steps.csv", "w", newline="") as f:
         row = 0
         for frame in steps.frames(PIECE_ROWS):

@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
@@ -113,19 +112,11 @@ def log_run(
     import wandb
 
     try:
-        t = steps.column("start_s")
-        series = {
-            k: binned(t, steps.column(k).astype(np.float64), bins=1000)
-            for k in ("num_waiting", "num_reqs", "kv_usage", "latency_s")
-        }
-        times = series["num_reqs"][0]
+        times, series = binned(
+            steps, ("num_waiting", "num_reqs", "kv_usage", "latency_s"), bins=1000
+        )
         for i, ts in enumerate(times):
-            run.log(
-                {
-                    "time_s": float(ts),
-                    **{f"steps/{k}": float(v[1][i]) for k, v in series.items() if i < len(v[1])},
-                }
-            )
+            run.log({"time_s": float(ts), **{f"steps/{k}": float(v[i]) for k, v in series.items()}})
         rows = wandb_cfg.get("table_rows", TABLE_ROWS)
         log_requests(run, requests, run_dir / "requests.csv", rows)
         run.log({p.stem: wandb.Image(str(p)) for p in plots})

@@ -10,10 +10,10 @@ from testbed.metrics.steplog import StepLog
 from testbed.report.rundir import write_tables
 
 
-def a_log(replicas: int = 1, seed: int = 0) -> StepLog:
+def a_log(replicas: int = 1, seed: int = 0, spill_rows: int = 1 << 20) -> StepLog:
     """Single steps and jumps (runs of rows sharing their integer columns)."""
     rng = np.random.default_rng(seed)
-    log, t = StepLog(), 0.0
+    log, t = StepLog(spill_rows), 0.0
     for _ in range(60):
         replica = int(rng.integers(replicas))
         if rng.random() < 0.5:
@@ -61,3 +61,29 @@ def test_steps_csv_is_the_log_in_pieces_or_whole(tmp_path, monkeypatch, piece_ro
     empty = StepLog()
     write_tables(tmp_path, requests, empty)
     assert (tmp_path / "steps.csv").read_text().splitlines()[0].startswith("step,replica,")
+
+
+@pytest.mark.parametrize("spill_rows", [1, 5, 16])
+@pytest.mark.parametrize("replicas", [1, 3])
+def test_rows_moved_to_files_read_back_as_they_were_logged(spill_rows, replicas):
+    kept, spilled = a_log(replicas, seed=2), a_log(replicas, seed=2, spill_rows=spill_rows)
+    assert spilled._dir is not None and len(spilled) == len(kept)
+    assert len(spilled._floats["start_s"]) < spill_rows  # the rest is on disk
+    pd.testing.assert_frame_equal(spilled.to_frame(), kept.to_frame())
+    for rows in (3, 1 << 20):
+        for a, b in zip(spilled.frames(rows), kept.frames(rows), strict=True):
+            pd.testing.assert_frame_equal(a, b)
+        names = ["start_s", "num_reqs"]
+        for a, b in zip(spilled.pieces(names, rows), kept.pieces(names, rows), strict=True):
+            assert all(np.array_equal(a[n], b[n]) for n in names)
+
+
+def test_the_files_go_with_the_log():
+    import gc
+
+    log = a_log(spill_rows=4)
+    folder = log._dir
+    assert folder.exists()
+    del log
+    gc.collect()
+    assert not folder.exists()
