@@ -24,7 +24,7 @@ from testbed.models import PROJECT_ROOT, ModelSpec, ResolvedModel, num_kv_blocks
 from testbed.sim.latency import LatencyModel
 from testbed.sim.predictor import make_latency_model
 from testbed.sim.speed import SpeedTrace
-from testbed.workload import to_requests
+from testbed.workload import RequestStream, to_requests
 from traces import load_trace
 
 if TYPE_CHECKING:
@@ -192,11 +192,13 @@ def run_trace(cfg: DictConfig, rate: float | None = None) -> pd.DataFrame:
 
 
 def load_requests(
-    cfg: DictConfig, spec: ModelSpec, rate: float | None = None
-) -> tuple[pd.DataFrame, list[Request]]:
+    cfg: DictConfig, spec: ModelSpec, rate: float | None = None, stream: bool = False
+) -> tuple[pd.DataFrame, list[Request] | RequestStream]:
     """The run's trace (:func:`run_trace`) and its requests, with token ids for
-    the real engine."""
+    the real engine; ``stream``: made as a simulation reaches them."""
     trace = run_trace(cfg, rate)
+    if stream:
+        return trace, RequestStream(trace)
     requests = to_requests(
         trace, with_tokens=cfg.mode.name == "real", vocab_size=spec.vocab_size, seed=cfg.seed
     )

@@ -39,13 +39,13 @@ from omegaconf import DictConfig, OmegaConf
 from testbed.build import latency_model, load_requests, model_spec, run_trace
 from testbed.config_schema import SimMode
 from testbed.errors import InputError
+from testbed.metrics.records import requests_frame
 from testbed.metrics.summary import (
     SUSTAINED,
     WARM_UP,
     arrivals_window,
     finished_and_arrived,
     kept_up,
-    requests_frame,
 )
 from testbed.models import ModelSpec
 from testbed.modes.sim import simulate

@@ -22,7 +22,8 @@ from testbed.build import load_requests, model_spec, policy_name
 from testbed.capacity import scaled_to_load
 from testbed.config_schema import validate
 from testbed.errors import InputError
-from testbed.metrics.summary import requests_frame, summarize
+from testbed.metrics.records import requests_frame
+from testbed.metrics.summary import summarize
 from testbed.modes.sim import simulate
 from testbed.report.console import print_summary
 from testbed.report.plots import write_plots
@@ -68,9 +69,11 @@ def run_from_config(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[
                 f"WARNING: load={cfg.load:g} is above the engine's capacity: it cannot keep up "
                 "with these arrivals, and latencies grow with the trace's length"
             )
-    trace, requests = load_requests(cfg, spec, rate=load.get("rate_req_s"))
+    # A simulation makes its requests as it reaches them and keeps their records.
+    sim = cfg.mode.name == "sim"
+    trace, requests = load_requests(cfg, spec, rate=load.get("rate_req_s"), stream=sim)
     fields = run_fields(cfg, spec.name, trace)
-    del trace  # the requests hold what the run needs of it
+    del trace
     progress = Progress(len(requests), cfg.progress)
     try:
         if cfg.mode.name == "sim":

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Iterator
 
+import numpy as np
 import pandas as pd
 
 from testbed.core import Request, SamplingParams
@@ -31,26 +33,59 @@ def to_requests(
     eos_token_id: int | None = None,
 ) -> list[Request]:
     """One :class:`Request` per trace row; it stops at the row's output length."""
+    options = (with_tokens, vocab_size, seed, eos_token_id)
+    return [req for _, req in _requests(trace, np.arange(len(trace)), *options)]
+
+
+class RequestStream:
+    """The trace's requests (without token ids), made one at a time in arrival
+    order as a simulation reaches them: a million requests are not all held at
+    once. Iterating gives ``(row, request)``; ``row`` is the request's position in
+    the trace (the order of ``requests.csv``). Requests of equal arrival time come
+    in trace order, as a stable sort of :func:`to_requests`' list would give them."""
+
+    def __init__(self, trace: pd.DataFrame) -> None:
+        self.trace = trace
+
+    def __len__(self) -> int:
+        return len(self.trace)
+
+    def __iter__(self) -> Iterator[tuple[int, Request]]:
+        order = np.argsort(self.trace["arrival_s"].to_numpy(), kind="stable")
+        return _requests(self.trace, order, False, 0, 0, None)
+
+
+_COLUMNS = (
+    "arrival_s",
+    "prompt_tokens",
+    "output_tokens",
+    "tenant",
+    "priority",
+    "ttft_slo_s",
+    "tpot_slo_s",
+    "prefix_hash_ids",
+)
+
+
+def _requests(
+    trace: pd.DataFrame,
+    rows: np.ndarray,
+    with_tokens: bool,
+    vocab_size: int,
+    seed: int,
+    eos_token_id: int | None,
+) -> Iterator[tuple[int, Request]]:
+    """The requests of trace rows ``rows``, in that order, with their row numbers."""
     block = int(trace.attrs.get("hash_block_tokens", 512))
-    names = (
-        "arrival_s",
-        "prompt_tokens",
-        "output_tokens",
-        "tenant",
-        "priority",
-        "ttft_slo_s",
-        "tpot_slo_s",
-        "prefix_hash_ids",
-    )
     # Requests with the same output length share their (never mutated) sampling
     # parameters, and equal SLOs one float: a million requests repeat a few values.
     params: dict[int, SamplingParams] = {}
     shared: dict[object, object] = {}
-    out = []
-    for first in range(0, len(trace), _PIECE):  # Python objects of a piece of rows at a time
-        cols = [trace[c].iloc[first : first + _PIECE].tolist() for c in names]
-        for i, (t, n_in, n_out, tenant, prio, ttft, tpot, hashes) in enumerate(
-            zip(*cols, strict=True), start=first
+    for first in range(0, len(rows), _PIECE):  # Python objects of a piece of rows at a time
+        piece = rows[first : first + _PIECE]
+        cols = [trace[c].iloc[piece].tolist() for c in _COLUMNS]
+        for i, t, n_in, n_out, tenant, prio, ttft, tpot, hashes in zip(
+            piece.tolist(), *cols, strict=True
         ):
             hashes = tuple(hashes) if hashes is not None and not _is_nan(hashes) else None
             tokens = (
@@ -64,7 +99,8 @@ def to_requests(
             ttft, tpot, tenant = (
                 shared.setdefault(v, v) for v in (_opt(ttft), _opt(tpot), str(tenant))
             )
-            out.append(
+            yield (
+                i,
                 Request(
                     request_id=f"req-{i}",
                     prompt_token_ids=tokens,
@@ -79,9 +115,8 @@ def to_requests(
                     arrival_time=float(t),
                     prefix_hash_ids=hashes,
                     hash_block_tokens=block,
-                )
+                ),
             )
-    return out
 
 
 def _is_nan(x) -> bool:

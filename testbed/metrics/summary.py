@@ -34,70 +34,17 @@ Definitions (times in seconds, rates per second):
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
 
-from testbed.core import Request, RequestStatus
+from testbed.core import RequestStatus
+from testbed.metrics.records import requests_frame
 from testbed.metrics.result import RunResult
 from testbed.metrics.steplog import StepLog
 
 LATENCIES = ("ttft_s", "tpot_s", "itl_s", "e2e_s", "queue_s")
 _FINISHED = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH)
-
-
-_STATUS_NAMES = {s: s.name.lower() for s in RequestStatus}  # one string per status
-
-
-def requests_frame(requests: Sequence[Request]) -> pd.DataFrame:
-    """``requests.csv``: one row per request, in both modes. Built a column at a
-    time (a million requests' rows as tuples would take gigabytes)."""
-    n = len(requests)
-
-    def floats(get) -> np.ndarray:
-        return np.fromiter(
-            (math.nan if (v := get(r)) is None else v for r in requests), np.float64, count=n
-        )
-
-    def ints(get) -> np.ndarray:
-        return np.fromiter((get(r) for r in requests), np.int64, count=n)
-
-    first_tok = floats(lambda r: r.first_token_time)
-    finish = floats(lambda r: r.finish_time)
-    n_out = ints(lambda r: r.num_output_tokens)
-    status = [_STATUS_NAMES[r.status] for r in requests]
-    served = np.isin(status, [_STATUS_NAMES[s] for s in _FINISHED]) & (n_out > 1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        tpot = np.where(served, (finish - first_tok) / (n_out - 1), math.nan)
-    df = pd.DataFrame(
-        {
-            "request_id": [r.request_id for r in requests],
-            "tenant": [r.tenant for r in requests],
-            "priority": ints(lambda r: r.priority),
-            "arrival_s": floats(lambda r: r.arrival_time),
-            "first_scheduled_s": floats(lambda r: r.first_scheduled_time),
-            "first_token_s": first_tok,
-            "finish_s": finish,
-            "prompt_tokens": ints(lambda r: r.num_prompt_tokens),
-            "output_tokens": n_out,
-            "cached_tokens": ints(lambda r: max(r.num_cached_tokens, 0)),
-            "preemptions": ints(lambda r: r.num_preemptions),
-            "status": status,
-            "reason": [r.reject_reason or "" for r in requests],
-            "ttft_slo_s": floats(lambda r: r.ttft_slo_s),
-            "tpot_slo_s": floats(lambda r: r.tpot_slo_s),
-            "draft_tokens": ints(lambda r: r.num_draft_tokens),
-            "accepted_tokens": ints(lambda r: r.num_accepted_tokens),
-            "tpot_s": tpot,
-        }
-    )
-    df["ttft_s"] = df["first_token_s"] - df["arrival_s"]
-    df["e2e_s"] = df["finish_s"] - df["arrival_s"]
-    df["queue_s"] = df["first_scheduled_s"] - df["arrival_s"]
-    unfinished = ~df["status"].isin([s.name.lower() for s in _FINISHED])
-    df.loc[unfinished, ["ttft_s", "e2e_s"]] = np.nan
-    return df
 
 
 def _stats(name: str, values: np.ndarray) -> dict[str, float]:

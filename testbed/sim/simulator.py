@@ -29,8 +29,10 @@ from testbed.core.fast_forward import advance_decode, decode_horizon
 from testbed.core.policy import warn_of_costs
 from testbed.metrics import RunResult, StepLog
 from testbed.metrics.gaps import PooledGaps
+from testbed.metrics.records import RequestRecords
 from testbed.sim.latency import decode_latencies
 from testbed.sim.speed import SpeedTrace
+from testbed.workload import RequestStream
 
 _SERVED = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH)
 MAX_JUMP = 4096  # steps per jump at most (bounds the arrays built per jump)
@@ -164,28 +166,47 @@ class Replica:
 
 
 class Dispatcher:
-    """Routes arrivals to replicas at their arrival time (a simpy process)."""
+    """Routes arrivals to replicas at their arrival time (a simpy process).
 
-    def __init__(self, sim: Simulation, requests: Sequence[Request], router: Router) -> None:
+    Takes requests in arrival order (a stable sort of a list; a
+    :class:`RequestStream` makes them in that order as they are reached) and
+    knows each dispatched, unfinished one by id with its row in the trace."""
+
+    def __init__(
+        self, sim: Simulation, requests: Sequence[Request] | RequestStream, router: Router
+    ) -> None:
         self.sim, self.router = sim, router
-        self.requests = sorted(requests, key=lambda r: r.arrival_time)
-        self.pos = 0
+        if isinstance(requests, RequestStream):
+            self._source = iter(requests)
+        else:
+            order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_time)
+            self._source = ((i, requests[i]) for i in order)
+        self._next = next(self._source, None)
+        self.in_flight: dict[str, tuple[int, Request]] = {}
 
     @property
     def done(self) -> bool:
-        return self.pos >= len(self.requests)
+        return self._next is None
 
     @property
     def next_arrival_time(self) -> float:
-        return self.requests[self.pos].arrival_time if not self.done else float("inf")
+        return self._next[1].arrival_time if self._next is not None else float("inf")
 
     def dispatch_until(self, now: float) -> None:
-        reqs, replicas = self.requests, self.sim.replicas
-        while self.pos < len(reqs) and reqs[self.pos].arrival_time <= now:
-            req = reqs[self.pos]
-            self.pos += 1
+        replicas = self.sim.replicas
+        while self._next is not None and self._next[1].arrival_time <= now:
+            row, req = self._next
+            self._next = next(self._source, None)
+            self.in_flight[req.request_id] = (row, req)
             i = 0 if len(replicas) == 1 else self.router.choose(req, replicas, now)
             replicas[i].deliver(req)
+
+    def undispatched(self):
+        """``(row, request)`` of every request not dispatched yet (consumes them)."""
+        if self._next is not None:
+            yield self._next
+            self._next = None
+            yield from self._source
 
     def run(self):
         env = self.sim.env
@@ -200,11 +221,16 @@ class Dispatcher:
 
 
 class Simulation:
-    """Replays requests through ``num_replicas`` engines on simulated time."""
+    """Replays requests through ``num_replicas`` engines on simulated time.
+
+    Given a list, it returns the list's requests as they ended; given a
+    :class:`RequestStream`, it makes each request as its arrival comes, records it
+    (:class:`RequestRecords`) when it finishes and lets it go, and returns the
+    records: a million-request run holds only the requests in flight."""
 
     def __init__(
         self,
-        requests: Sequence[Request],
+        requests: Sequence[Request] | RequestStream,
         make_engine: Callable[[int, Callable[[], float]], EngineCore],
         latency_model,
         num_replicas: int = 1,
@@ -218,7 +244,9 @@ class Simulation:
         output (tests compare them) instead of only their counts and pooled gaps."""
         self.env = simpy.Environment()
         self.keep_tokens = keep_tokens
-        self.requests = list(requests)
+        streamed = isinstance(requests, RequestStream)
+        self.requests = requests if streamed else list(requests)
+        self.records = RequestRecords() if streamed else None
         self.latency_model = latency_model
         self.fast_forward = fast_forward
         self.steps = StepLog()
@@ -237,10 +265,14 @@ class Simulation:
         """Count them, pool the finished ones' token gaps and keep only counts of
         their tokens (memory stays per request, not per token)."""
         self.num_finished += len(finished)
+        in_flight = self.dispatcher.in_flight
         for req in finished:
             if req.status in _SERVED:
                 self.gaps.add(req.token_times)
-            if not self.keep_tokens:
+            entry = in_flight.pop(req.request_id, None)
+            if self.records is not None:  # a stream's ids are its rows': never repeated
+                self.records.add(req, entry[0])
+            elif not self.keep_tokens:
                 req.keep_counts_only()
         if self.on_progress is not None:
             self.on_progress(self.env.now, self.num_finished)
@@ -267,8 +299,12 @@ class Simulation:
         finally:
             if gc_enabled:
                 gc.enable()
+        if self.records is not None:  # the rest as they are: in flight, not arrived
+            for row, req in [*self.dispatcher.in_flight.values(), *self.dispatcher.undispatched()]:
+                self.records.add(req, row)
+            self.dispatcher.in_flight.clear()
         return RunResult(
-            requests=self.requests,
+            requests=self.records if self.records is not None else self.requests,
             steps=self.steps,
             duration_s=env.now,
             wall_s=time.perf_counter() - start,
