@@ -8,15 +8,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+from experiments.manifest import cpu, git
+
 
 def write_results(out: str | Path, benchmark: str, rows: list[dict], **meta: Any) -> Path:
     """Write ``{"meta": ..., "rows": ...}`` to ``out`` and say so."""
     header = dict(
         benchmark=benchmark,
         date=time.strftime("%Y-%m-%d"),
+        git_sha=git("rev-parse", "HEAD"),
+        host=platform.node(),
         python=platform.python_version(),
         machine=platform.machine(),
-        processor=platform.processor() or platform.machine(),
+        processor=cpu(),
         **meta,
     )
     out = Path(out)

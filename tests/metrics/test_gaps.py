@@ -25,12 +25,12 @@ def token_times(rng: np.random.Generator, steps: np.ndarray) -> list[array]:
 
 
 @pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("fold_at", [4, 1 << 22])
-def test_the_pool_gives_numpys_statistics_of_every_gap(seed, fold_at):
+@pytest.mark.parametrize("spill_at", [4, 1000, 1 << 22])
+def test_the_pool_gives_numpys_statistics_of_every_gap(seed, spill_at):
     rng = np.random.default_rng(seed)
     steps = np.cumsum(rng.choice([0.01, 0.0125, 0.02, 0.03], size=300))
     requests = token_times(rng, steps)
-    pool = PooledGaps(fold_at=fold_at)
+    pool = PooledGaps(spill_at=spill_at)
     for times in requests:
         pool.add(times)
     sample = np.concatenate([np.diff(np.asarray(t)) for t in requests])
@@ -43,16 +43,33 @@ def test_the_pool_gives_numpys_statistics_of_every_gap(seed, fold_at):
     assert [stats[f"itl_s_p{q}"] for q in (50, 90, 99)] == expected
 
 
-def test_folding_keeps_distinct_values_not_gaps():
-    pool = PooledGaps(fold_at=1000)
-    steps = np.cumsum(np.full(101, 0.25))  # exact binary fractions: every gap is 0.25
-    for _ in range(100):
-        pool.add(array("d", steps))
-    pool.stats()
-    assert len(pool) == 100 * 100 and pool._values.size == 1
+def test_gaps_beyond_memory_go_to_a_file_that_goes_with_the_pool():
+    import gc
+
+    pool = PooledGaps(spill_at=10)
+    for _ in range(5):
+        pool.add(array("d", np.cumsum(np.full(12, 0.5))))
+    assert pool._spilled == 55 and len(pool) == 55 and pool._file.exists()
+    assert pool.percentiles([0, 50, 100]) == [0.5, 0.5, 0.5]
+    folder = pool._file.parent
+    del pool
+    gc.collect()
+    assert not folder.exists()
 
 
 def test_no_gaps_no_numbers():
     pool = PooledGaps.of([array("d", [1.0]), array("d")])
     assert len(pool) == 0
     assert all(np.isnan(v) for v in pool.stats().values())
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_selection_over_the_file_is_exact_across_magnitudes(seed):
+    rng = np.random.default_rng(seed)
+    times = np.cumsum(rng.lognormal(-4, 2.5, size=5000))  # gaps from microseconds to minutes
+    pool = PooledGaps(spill_at=100)
+    for chunk in np.array_split(times, 37):
+        pool.add(array("d", chunk))
+    sample = np.concatenate([np.diff(c) for c in np.array_split(times, 37)])
+    qs = sorted(rng.uniform(0, 100, size=30).tolist()) + [50, 99.9]
+    assert pool.percentiles(qs) == np.percentile(sample, qs).tolist()
