@@ -70,10 +70,10 @@ class PooledGaps:
         del self._pending[:]
 
     def _pieces(self) -> Iterator[np.ndarray]:
-        if self._spilled:
-            on_disk = np.memmap(self._file, dtype=np.float64, mode="r", shape=(self._spilled,))
-            for lo in range(0, self._spilled, _PIECE):
-                yield np.array(on_disk[lo : lo + _PIECE])
+        if self._spilled:  # read, not mapped: a mapped file's pages would stay resident
+            with open(self._file, "rb") as f:
+                for lo in range(0, self._spilled, _PIECE):
+                    yield np.fromfile(f, np.float64, count=min(_PIECE, self._spilled - lo))
         if self._pending:
             yield np.frombuffer(self._pending, np.float64)
 

@@ -6,12 +6,14 @@ from dataclasses import dataclass, field
 
 from testbed.core import Request, RequestStatus
 from testbed.metrics.gaps import PooledGaps
+from testbed.metrics.records import RequestRecords
 from testbed.metrics.steplog import StepLog
 
 
 @dataclass
 class RunResult:
-    requests: list[Request]
+    # The requests as they ended, or (a simulation fed a stream) their records.
+    requests: list[Request] | RequestRecords
     steps: StepLog
     duration_s: float  # the run's clock at the end (simulated or wall)
     wall_s: float

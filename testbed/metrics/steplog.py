@@ -85,9 +85,9 @@ class StepLog:
             spilled = self._spilled_rows if name in self._floats else self._spilled_runs
         dtype = np.float64 if name in self._floats else np.int64
         parts = []
-        if lo < spilled:
-            on_disk = np.memmap(self._dir / name, dtype=dtype, mode="r", shape=(spilled,))
-            parts.append(np.array(on_disk[lo : min(hi, spilled)]))
+        if lo < spilled:  # read, not mapped: a mapped file's pages would stay resident
+            count = min(hi, spilled) - lo
+            parts.append(np.fromfile(self._dir / name, dtype, count=count, offset=lo * 8))
         if hi > spilled:
             parts.append(np.frombuffer(memory, dtype=dtype)[max(lo - spilled, 0) : hi - spilled])
         if not parts:
