@@ -197,16 +197,21 @@ class StepLog:
 
     def column(self, name: str) -> np.ndarray:
         """One column, one value per step, in logging order."""
-        return self._rows(name, 0, len(self))
+        return self._rows(name, 0, len(self), self._run_ends())
 
-    def _rows(self, name: str, lo: int, hi: int) -> np.ndarray:
-        """Rows ``lo:hi`` of one column, in logging order."""
+    def _run_ends(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every run's length and the row after it (run i holds rows
+        ``ends[i] - lengths[i]`` to ``ends[i]``)."""
+        lengths = self._values("runs", 0, self._num_runs())
+        return lengths, np.cumsum(lengths)
+
+    def _rows(self, name: str, lo: int, hi: int, runs: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        """Rows ``lo:hi`` of one column, in logging order (``runs``: :meth:`_run_ends`)."""
         if name in self._floats:
             return self._values(name, lo, hi)
-        lengths = self._values("runs", 0, self._num_runs())
-        ends = np.cumsum(lengths)  # run i holds rows [ends[i] - lengths[i], ends[i])
         if hi <= lo:
             return np.empty(0, dtype=np.int64)
+        lengths, ends = runs
         first, last = np.searchsorted(ends, [lo, hi - 1], side="right")
         span = slice(int(first), int(last) + 1)
         cut = np.minimum(ends[span], hi) - np.maximum(ends[span] - lengths[span], lo)
@@ -217,9 +222,10 @@ class StepLog:
     ) -> Iterator[dict[str, np.ndarray]]:
         """The columns ``names``, up to ``rows`` rows at a time, in logging order
         (for sums and maxima over a log too long to hold whole)."""
+        runs = self._run_ends()  # read once, not per piece and column
         for lo in range(0, len(self), rows):
             hi = min(lo + rows, len(self))
-            yield {name: self._rows(name, lo, hi) for name in names}
+            yield {name: self._rows(name, lo, hi, runs) for name in names}
 
     def to_frame(self):
         """The rows in time order (replicas' steps interleaved by start time)."""
