@@ -36,6 +36,10 @@ class RequestStatus(enum.IntEnum):
         return self >= RequestStatus.FINISHED_STOPPED
 
 
+# Finished by being served to the end: a stop token or its length (not aborted, not rejected).
+SERVED = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH)
+
+
 @dataclass(slots=True)
 class SamplingParams:
     """How to sample a request's output (the vLLM convention).

@@ -18,10 +18,9 @@ from testbed.core.kv_cache import KVCacheManager
 from testbed.core.outputs import ExecutorOutput, SchedulerOutput
 from testbed.core.policy import Decision, Policy, overrides
 from testbed.core.queue import create_waiting_queue
-from testbed.core.request import STAND_IN_TOKEN, Request, RequestStatus
+from testbed.core.request import SERVED, STAND_IN_TOKEN, Request, RequestStatus
 
 RUNNING = RequestStatus.RUNNING
-_STOPPED = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH)
 
 
 class Scheduler:
@@ -440,7 +439,7 @@ class Scheduler:
     def retire(self, finished: list[Request]) -> None:
         """Free requests that have just finished (from a step or the fast path)."""
         # Rejected and aborted requests were taken out where that happened.
-        done = {id(r) for r in finished if r.status in _STOPPED}
+        done = {id(r) for r in finished if r.status in SERVED}
         if not done:
             return
         self.admission_blocked_on_kv = False

@@ -16,8 +16,8 @@ import numpy as np
 import pandas as pd
 
 from testbed.core import Request, RequestStatus
+from testbed.core.request import SERVED
 
-_FINISHED = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH)
 _STATUS_NAMES = [s.name.lower() for s in RequestStatus]  # by status value
 _FLOATS = (
     "arrival_s",
@@ -101,7 +101,7 @@ class RequestRecords:
 
         first_tok, finish, n_out = col("first_token_s"), col("finish_s"), col("output_tokens")
         status = col("status")
-        served = np.isin(status, [int(s) for s in _FINISHED])
+        served = np.isin(status, [int(s) for s in SERVED])
         with np.errstate(divide="ignore", invalid="ignore"):
             tpot = np.where(served & (n_out > 1), (finish - first_tok) / (n_out - 1), math.nan)
         df = pd.DataFrame(

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from testbed.core import Request, RequestStatus
+from testbed.core import Request
+from testbed.core.request import SERVED
 from testbed.metrics.gaps import PooledGaps
 from testbed.metrics.records import RequestRecords
 from testbed.metrics.steplog import StepLog
@@ -30,6 +31,5 @@ class RunResult:
 
     def itl_gaps(self) -> PooledGaps:
         if self.gaps is None:
-            done = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH)
-            self.gaps = PooledGaps.of(r.token_times for r in self.requests if r.status in done)
+            self.gaps = PooledGaps.of(r.token_times for r in self.requests if r.status in SERVED)
         return self.gaps

@@ -38,13 +38,12 @@ import math
 import numpy as np
 import pandas as pd
 
-from testbed.core import RequestStatus
+from testbed.core.request import SERVED
 from testbed.metrics.records import requests_frame
 from testbed.metrics.result import RunResult
 from testbed.metrics.steplog import StepLog
 
 LATENCIES = ("ttft_s", "tpot_s", "itl_s", "e2e_s", "queue_s")
-_FINISHED = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH)
 
 
 def _stats(name: str, values: np.ndarray) -> dict[str, float]:
@@ -62,7 +61,7 @@ def _stats(name: str, values: np.ndarray) -> dict[str, float]:
 
 SUSTAINED = 0.95  # requests finished over requests arrived, in the window
 WARM_UP = 0.25  # the window starts at this fraction of the arrivals
-FINISHED = ("finished_stopped", "finished_length")  # served to the end (not aborted)
+FINISHED = tuple(s.name.lower() for s in SERVED)  # requests.csv's names of the served
 
 
 def arrivals_window(arrivals: np.ndarray) -> tuple[float, float]:
@@ -145,7 +144,7 @@ def summarize(result: RunResult, df: pd.DataFrame | None = None) -> dict[str, fl
     its ``requests_frame``, where already built)."""
     steps = result.steps
     df = requests_frame(result.requests) if df is None else df
-    done = df[df["status"].isin([s.name.lower() for s in _FINISHED])]
+    done = df[df["status"].isin(FINISHED)]
     n_done = len(done)
     start = float(df["arrival_s"].min()) if len(df) else 0.0
     end = float(done["finish_s"].max()) if n_done else start

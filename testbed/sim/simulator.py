@@ -24,9 +24,10 @@ import numpy as np
 import simpy
 
 from policies.routers import RoundRobin, Router
-from testbed.core import EngineCore, Request, RequestStatus
+from testbed.core import EngineCore, Request
 from testbed.core.fast_forward import advance_decode, decode_horizon
 from testbed.core.policy import warn_of_costs
+from testbed.core.request import SERVED
 from testbed.metrics import RunResult, StepLog
 from testbed.metrics.gaps import PooledGaps
 from testbed.metrics.records import RequestRecords
@@ -34,7 +35,6 @@ from testbed.sim.latency import decode_latencies
 from testbed.sim.speed import SpeedTrace
 from testbed.workload import RequestStream
 
-_SERVED = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH)
 MAX_JUMP = 4096  # steps per jump at most (bounds the arrays built per jump)
 
 
@@ -267,7 +267,7 @@ class Simulation:
         self.num_finished += len(finished)
         in_flight = self.dispatcher.in_flight
         for req in finished:
-            if req.status in _SERVED:
+            if req.status in SERVED:
                 self.gaps.add(req.token_times)
             entry = in_flight.pop(req.request_id, None)
             if self.records is not None:  # a stream's ids are its rows': never repeated
