@@ -15,6 +15,9 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0  # 0: no per-request cap
     num_lookahead_tokens: int = 0  # KV slots reserved for drafts (speculative decoding)
+    # Admit a waiting request only when its whole prompt (less prefix hits) fits
+    # in free blocks, not just its first chunk (vLLM's scheduler_reserve_full_isl).
+    reserve_full_isl: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):

@@ -4,17 +4,22 @@ The KV cache is cut into fixed-size blocks of ``block_size`` token slots. A
 request owns a list of blocks (its block table); blocks shared through the
 prefix cache are reference-counted.
 
-Prefix caching works on full blocks. A cached block is found by the key
-``(parent_id, content)``: ``content`` is the block's own tokens (see
-:meth:`Request.block_content`) and ``parent_id`` is the cache id of the block
-before it, so a key covers the whole prefix. Keys are compared by equality in a
-dict, so two different prefixes never share a block even if their hashes
-collide; cache ids are never reused, so a child of an evicted block can no
-longer be reached.
+Prefix caching works on full blocks, with vLLM V1's semantics. A cached block
+is found by the key ``(parent_hash, content)``: ``content`` is the block's own
+tokens (see :meth:`Request.block_content`), compared by equality, and
+``parent_hash`` chains the keys of all blocks before it (the hash of the
+previous block's key; :data:`ROOT_HASH` for the first), so a key stands for
+the whole prefix (as vLLM's block hashes do; two prefixes whose 64-bit chain
+hashes collide could share a block). A block is findable from the moment it is
+allocated for tokens computed in this step, since the engine writes a step's
+KV before any attention reads it: a request admitted later in the same step
+already hits it. Two requests that computed the same prefix at once each keep
+their block findable under the same key; a lookup gets the earliest
+registered, and the next one takes over when it is evicted.
 
 Freed blocks go to a free pool: blocks without cached contents are reused
-first; cached blocks stay findable and are evicted least-recently-used, lazily,
-only when a block is reallocated.
+first (the most recently freed first); cached blocks stay findable and are
+evicted least-recently-used, lazily, only when a block is reallocated.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from dataclasses import dataclass
 
 from testbed.core.request import Request
 
-ROOT_ID = 0  # the parent id of a request's first block
+ROOT_HASH = 0  # the parent hash of a request's first block
 _EMPTY: list = []  # stands for "no blocks yet"; never mutated
 _NO_NEW_BLOCKS: list[int] = []  # allocate_slots' answer when no block was added; never mutated
 
@@ -37,13 +42,12 @@ def cdiv(a: int, b: int) -> int:
 class KVCacheBlock:
     """One block of KV slots. ``cache_key`` is set while its contents are findable."""
 
-    __slots__ = ("block_id", "cache_id", "cache_key", "ref_cnt")
+    __slots__ = ("block_id", "cache_key", "ref_cnt")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
         self.ref_cnt = 0
         self.cache_key: tuple[int, Hashable] | None = None
-        self.cache_id = 0
 
     def __repr__(self) -> str:
         cached = self.cache_key is not None
@@ -62,8 +66,11 @@ class BlockPool:
         self.free_uncached: list[KVCacheBlock] = self.blocks[::-1]
         # Free blocks whose contents are still findable, oldest-freed first.
         self.free_cached: OrderedDict[int, KVCacheBlock] = OrderedDict()
+        # The block a lookup gets for each key: the earliest registered of its blocks.
         self.cached: dict[tuple[int, Hashable], KVCacheBlock] = {}
-        self._next_cache_id = ROOT_ID + 1
+        # Keys held by several blocks: all of them, in registration order.
+        self.duplicates: dict[tuple[int, Hashable], dict[int, KVCacheBlock]] = {}
+        self._num_registered = 0
         self.num_evictions = 0
 
     @property
@@ -92,14 +99,26 @@ class BlockPool:
     @property
     def num_registered(self) -> int:
         """Blocks made findable so far (only grows)."""
-        return self._next_cache_id - ROOT_ID - 1
+        return self._num_registered
 
     def evict(self, block: KVCacheBlock) -> None:
         """Make a block's contents unfindable (it is reused for others)."""
-        del self.cached[block.cache_key]
-        block.cache_key = None
-        block.cache_id = 0
+        self.unregister(block)
         self.num_evictions += 1
+
+    def unregister(self, block: KVCacheBlock) -> None:
+        """Take ``block`` out of the cache; another block with its key takes over."""
+        key = block.cache_key
+        block.cache_key = None
+        holders = self.duplicates.get(key)
+        if holders is None:
+            del self.cached[key]
+            return
+        del holders[block.block_id]
+        if self.cached[key] is block:
+            self.cached[key] = next(iter(holders.values()))
+        if len(holders) == 1:
+            del self.duplicates[key]
 
     def touch(self, block: KVCacheBlock) -> None:
         """Take a reference to a cached block found by a prefix hit."""
@@ -120,20 +139,18 @@ class BlockPool:
             elif n < 0:
                 raise AssertionError(f"{block} freed twice")
 
-    def register(self, block: KVCacheBlock, key: tuple[int, Hashable]) -> int:
-        """Make ``block`` findable under ``key``; returns the canonical block's cache id.
-
-        If another block already holds the same prefix (two requests computed it
-        at once), that one stays canonical and ``block`` stays private.
-        """
-        existing = self.cached.get(key)
-        if existing is not None:
-            return existing.cache_id
+    def register(self, block: KVCacheBlock, key: tuple[int, Hashable]) -> None:
+        """Make ``block`` findable under ``key``. If other blocks hold the same key
+        (requests that computed one prefix at once), a lookup still gets the
+        earliest; this one takes over when the ones before it are evicted."""
         block.cache_key = key
-        block.cache_id = self._next_cache_id
-        self._next_cache_id += 1
-        self.cached[key] = block
-        return block.cache_id
+        self._num_registered += 1
+        existing = self.cached.setdefault(key, block)
+        if existing is not block:
+            holders = self.duplicates.get(key)
+            if holders is None:
+                holders = self.duplicates[key] = {existing.block_id: existing}
+            holders[block.block_id] = block
 
     def lookup(self, key: tuple[int, Hashable]) -> KVCacheBlock | None:
         return self.cached.get(key)
@@ -163,7 +180,8 @@ class KVCacheManager:
 
     The scheduler's interface: :meth:`get_computed_blocks` for a waiting
     request's prefix hit, :meth:`allocate_slots` before every scheduled step of
-    a request (``None`` means no room: the scheduler's signal to preempt), and
+    a request (``None`` means no room: the scheduler's signal to preempt; the
+    full blocks the step will compute become findable at once), and
     :meth:`free` when a request finishes or is preempted.
     """
 
@@ -174,8 +192,8 @@ class KVCacheManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
-        # Per request: cache ids of its leading full blocks that are registered
-        # (their own or the canonical copy's); the last is the next block's parent.
+        # Per request: the chain hash of each of its leading blocks that are
+        # findable (its own or hits); the last is the next block's parent hash.
         self.req_to_chain: dict[str, list[int]] = {}
         # Requests whose next block's contents are unknown for good (a
         # length-only prompt ends there): nothing more of theirs is cacheable.
@@ -212,16 +230,17 @@ class KVCacheManager:
         # Never the whole prompt: the last token must be computed to sample from.
         max_blocks = (request.num_tokens - 1) // self.block_size
         lookup, content = self.pool.lookup, request.block_content
-        parent, hits = ROOT_ID, []
+        parent, hits = ROOT_HASH, []
         for i in range(max_blocks):
             c = content(i, self.block_size)
             if c is None:
                 break
-            block = lookup((parent, c))
+            key = (parent, c)
+            block = lookup(key)
             if block is None:
                 break
             hits.append(block)
-            parent = block.cache_id
+            parent = hash(key)
         return hits
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
@@ -242,28 +261,40 @@ class KVCacheManager:
         num_new_tokens: int,
         new_computed_blocks: Sequence[KVCacheBlock] = (),
         num_lookahead_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
     ) -> list[int] | None:
-        """Make room for ``num_new_tokens`` (+ lookahead) after the computed tokens.
+        """Make room for ``num_new_tokens`` (+ lookahead) after the computed tokens,
+        and make the full blocks they complete findable.
 
         ``new_computed_blocks`` are prefix hits from :meth:`get_computed_blocks`
-        for a request being admitted. Returns the ids of newly allocated blocks
-        (possibly empty), or None, changing nothing, when the free pool is too small.
+        for a request being admitted. With ``full_sequence_must_fit`` (an
+        admission), the free pool must also hold all the request's tokens, not
+        just this step's. Returns the ids of newly allocated blocks (possibly
+        empty), or None, changing nothing, when the free pool is too small.
         """
         req_id = request.request_id
         blocks = self.req_to_blocks.get(req_id, _EMPTY)
         bs = self.block_size
+        computed = request.num_computed_tokens
         if not new_computed_blocks and (
-            request.num_computed_tokens + num_new_tokens + num_lookahead_tokens <= len(blocks) * bs
+            computed + num_new_tokens + num_lookahead_tokens <= len(blocks) * bs
         ):
-            return _NO_NEW_BLOCKS  # the common decode step: the last block has room
-        num_computed = request.num_computed_tokens + len(new_computed_blocks) * bs
-        num_required = -(-(num_computed + num_new_tokens + num_lookahead_tokens) // bs)
-        num_new_blocks = num_required - len(blocks) - len(new_computed_blocks)
+            # The common decode step: the last block has room.
+            if self.enable_prefix_caching and (computed + num_new_tokens) // bs > computed // bs:
+                self.cache_blocks(request, min(computed + num_new_tokens, request.num_tokens))
+            return _NO_NEW_BLOCKS
+        num_hit = len(new_computed_blocks)
+        num_computed = computed + num_hit * bs
+        held = len(blocks) + num_hit
         pool = self.pool
         num_free = len(pool.free_uncached) + len(pool.free_cached)
         if new_computed_blocks:
             # Hit blocks that sit in the free pool leave it when referenced.
             num_free -= sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        if full_sequence_must_fit and cdiv(request.num_tokens, bs) - held > num_free:
+            return None
+        num_required = -(-(num_computed + num_new_tokens + num_lookahead_tokens) // bs)
+        num_new_blocks = num_required - held
         if num_new_blocks > num_free:
             return None
         if blocks is _EMPTY:
@@ -274,38 +305,61 @@ class KVCacheManager:
             for b in new_computed_blocks:
                 self.pool.touch(b)
                 blocks.append(b)
-                chain.append(b.cache_id)
+                chain.append(hash(b.cache_key))
         new_ids: list[int] = []
         if num_new_blocks > 0:
             new_blocks = self.pool.allocate(num_new_blocks)
             blocks.extend(new_blocks)
             new_ids = [b.block_id for b in new_blocks]
+        if self.enable_prefix_caching:
+            self.cache_blocks(request, min(num_computed + num_new_tokens, request.num_tokens))
         return new_ids
 
-    def cache_blocks(self, request: Request) -> None:
-        """Make the request's full, computed blocks findable by later requests.
+    def cache_blocks(self, request: Request, num_tokens: int | None = None) -> None:
+        """Make the request's full blocks among its first ``num_tokens`` tokens
+        (default: its computed ones) findable by later requests.
 
-        Called after a step has computed them (not at allocation), so that a
-        block is never findable before its KV is written, and a request
-        preempted before its step ran leaves nothing half-written in the cache.
+        :meth:`allocate_slots` calls it for the tokens a step will compute: the
+        engine writes a step's KV before attention reads any, so a request
+        scheduled later in the same step may read them. A request preempted
+        before its step runs takes them back (:meth:`forget_uncomputed`).
         """
         rid = request.request_id
         chain = self.req_to_chain.get(rid)
         if chain is None:
             return
-        num_full = request.num_computed_tokens // self.block_size
+        if num_tokens is None:
+            num_tokens = request.num_computed_tokens
+        num_full = num_tokens // self.block_size
         if num_full <= len(chain) or not self.enable_prefix_caching or rid in self._chain_closed:
             return
         blocks = self.req_to_blocks[rid]
+        register, content = self.pool.register, request.block_content
+        parent = chain[-1] if chain else ROOT_HASH
         for i in range(len(chain), num_full):
-            content = request.block_content(i, self.block_size)
-            if content is None:
-                # Computed tokens of a prompt with ids are all known, so None
-                # means contents that no later step will reveal.
+            c = content(i, self.block_size)
+            if c is None:
+                # Known tokens of a prompt with ids are all known, so None means
+                # contents that no later step will reveal.
                 self._chain_closed.add(rid)
                 return
-            parent = chain[-1] if chain else ROOT_ID
-            chain.append(self.pool.register(blocks[i], (parent, content)))
+            key = (parent, c)
+            register(blocks[i], key)
+            parent = hash(key)
+            chain.append(parent)
+
+    def forget_uncomputed(self, request: Request) -> None:
+        """Unfind the blocks registered for a step that will not run for
+        ``request`` (preempted after it was scheduled): their KV is never written."""
+        chain = self.req_to_chain.get(request.request_id)
+        if not chain:
+            return
+        start = request.num_computed_tokens // self.block_size
+        blocks = self.req_to_blocks[request.request_id]
+        for block in blocks[start : len(chain)]:
+            if block.cache_key is not None:
+                self.pool.unregister(block)
+        del chain[start:]
 
     def free(self, request: Request) -> None:
         """Release the request's blocks (tail first, so shared heads are evicted last)."""

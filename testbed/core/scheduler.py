@@ -41,8 +41,12 @@ class Scheduler:
         self._finished_ids: list[str] = []  # for the executor, in the next output
         self._newly_finished: list[Request] = []  # returned by the next update
         # True while the last admission attempt stopped for want of KV blocks and
-        # nothing has changed since that could unblock it (an arrival, a free).
+        # nothing has changed since that could unblock it (an arrival, a free, a
+        # block made findable: the head may hit it and need fewer blocks).
         self.admission_blocked_on_kv = False
+        self._registered_when_blocked = 0
+        # This step's long_prefill_token_threshold (0: none; see schedule).
+        self._long_prefill_threshold = 0
         # Hooks the policy leaves to the base class are skipped, not called.
         self.policy_admits = overrides(policy, "admit")
         self._has_cap = overrides(policy, "token_cap")
@@ -158,10 +162,15 @@ class Scheduler:
         self._step_id += 1
         out.finished_req_ids, self._finished_ids = self._finished_ids, []
         self.admission_blocked_on_kv = False
-        policy = self.policy
+        cfg, policy = self.config, self.policy
+        # As vLLM: the cap keeps a long prefill from starving the others, so it
+        # applies only when there are others (running or queued at step start).
+        num_eligible = len(self.running) + len(self.waiting) + len(self.ready) + len(self.loading)
+        threshold = cfg.long_prefill_token_threshold if cfg.enable_chunked_prefill else 0
+        self._long_prefill_threshold = threshold if num_eligible > 1 else 0
         if policy.reorder_running and len(self.running) > 1:
             self.running.sort(key=lambda r: (policy.key(r, now), r.arrival_seq))
-        budget = self._schedule_running(out, self.config.max_num_batched_tokens, now)
+        budget = self._schedule_running(out, cfg.max_num_batched_tokens, now)
         if not out.preempted_req_ids and policy.preemptive and self.waiting:
             self._preempt_for_waiting(out, now)
         if not out.preempted_req_ids and (self.waiting or self.ready):
@@ -176,8 +185,8 @@ class Scheduler:
         n = req.num_tokens_with_spec - num_computed
         cfg = self.config
         if cfg.enable_chunked_prefill:
-            if 0 < cfg.long_prefill_token_threshold < n:
-                n = cfg.long_prefill_token_threshold
+            if 0 < self._long_prefill_threshold < n:
+                n = self._long_prefill_threshold
             if self._has_cap:
                 cap = self.policy.token_cap(req)
                 if cap is not None and cap < n:
@@ -248,6 +257,7 @@ class Scheduler:
             out.new_req_ids.discard(victim.request_id)
         if victim.status is RUNNING:
             self.running.remove(victim)
+        self.kv.forget_uncomputed(victim)  # blocks registered for this step's tokens
         self.kv.free(victim)
         victim.status = RequestStatus.PREEMPTED
         victim.num_computed_tokens = 0
@@ -309,9 +319,10 @@ class Scheduler:
                 continue
             n = self._admit(req, out, budget, now)
             if n == 0:
-                continue  # without chunked prefill, the prompt does not fit the budget
+                break  # without chunked prefill, the prompt does not fit the budget
             if n is None:
                 self.admission_blocked_on_kv = True
+                self._registered_when_blocked = self.kv.num_registered
                 break  # no room: later requests wait too (no head-of-line bypass)
             taken.append(pos)
             budget -= n
@@ -327,7 +338,7 @@ class Scheduler:
         if not cfg.enable_chunked_prefill and req.num_tokens - num_computed > budget:
             return 0
         n = self._num_new_tokens(req, num_computed, budget)
-        if kv.allocate_slots(req, n, hits, cfg.num_lookahead_tokens) is None:
+        if kv.allocate_slots(req, n, hits, cfg.num_lookahead_tokens, cfg.reserve_full_isl) is None:
             return None
         if lookup:
             kv.stats.queries += req.num_tokens
@@ -366,8 +377,6 @@ class Scheduler:
         sampled = result.sampled_token_ids
         accepted = result.num_accepted_drafts
         drafts = result.draft_token_ids
-        cache = self.kv.enable_prefix_caching
-        registered = self.kv.num_registered
         finished = self._newly_finished
         self._newly_finished = []
         for i, req in enumerate(out.requests):
@@ -392,16 +401,14 @@ class Scheduler:
                     req.num_draft_tokens += n_spec
                     req.num_accepted_tokens += len(tokens) - 1
                     req.spec_token_ids = ()
-            if cache:  # before a finished request frees its blocks
-                self.kv.cache_blocks(req)
             if samples:
                 if self._append_tokens(req, tokens, now):
                     finished.append(req)
                 elif drafts:
                     req.spec_token_ids = list(drafts.get(req.request_id, ())) or ()
-        if self.kv.num_registered != registered:
-            # Blocks this step computed are findable now: the head that found no
-            # room may hit them and need fewer blocks at the next admission.
+        if self.kv.num_registered != self._registered_when_blocked:
+            # Blocks were made findable since the head found no room: it may hit
+            # them and need fewer blocks at the next admission.
             self.admission_blocked_on_kv = False
         if result.finished_recving:
             for rid in result.finished_recving:

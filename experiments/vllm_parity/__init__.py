@@ -1,0 +1,12 @@
+"""Schedule parity with vLLM V1: the same request stream through vLLM 0.34's own
+scheduler (replayed on the CPU, ``../shared/tools/vllm_replay``) and through
+``testbed.core``'s, compared step by step.
+
+| module | what |
+| --- | --- |
+| `streams.py` | synthetic request streams (shared prefixes, priorities) as the replay tool reads them |
+| `reference.py` | where the replay tool and its venv are; runs vLLM's side in a subprocess |
+| `ours.py` | runs our scheduler on the same stream with the same clock and tokens |
+| `compare.py` | the two per-step tables side by side: identical steps, the first divergence |
+| `cli.py` | the command line (``python -m experiments.vllm_parity``) |
+"""
