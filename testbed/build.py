@@ -96,6 +96,7 @@ def scheduler_config(engine: Mapping[str, Any], max_model_len: int) -> Scheduler
         max_model_len=max_model_len,
         enable_chunked_prefill=engine["enable_chunked_prefill"],
         long_prefill_token_threshold=engine["long_prefill_token_threshold"],
+        reserve_full_isl=engine["reserve_full_isl"],
         num_lookahead_tokens=engine["num_speculative_tokens"],
     )
 
@@ -128,6 +129,7 @@ def engine_args(cfg: DictConfig) -> EngineArgs:
         enable_prefix_caching=e.enable_prefix_caching,
         enable_chunked_prefill=e.enable_chunked_prefill,
         long_prefill_token_threshold=e.long_prefill_token_threshold,
+        reserve_full_isl=e.reserve_full_isl,
         max_model_len=e.max_model_len,
         num_kv_blocks=e.num_kv_blocks,
         kv_cache_bytes=e.kv_cache_bytes or cfg.hardware.kv_cache_bytes,

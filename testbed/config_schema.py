@@ -41,6 +41,9 @@ class EngineConfig:
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0  # 0: no per-request cap per step
+    # Admit a request only when its whole prompt fits in free KV blocks (vLLM 0.34's
+    # scheduler_reserve_full_isl); false: when its first chunk fits.
+    reserve_full_isl: bool = True
     enable_prefix_caching: bool = True
     num_kv_blocks: int | None = None  # None: derived from memory (the same formula in both modes)
     gpu_memory_utilization: float = 0.9

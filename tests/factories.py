@@ -115,7 +115,6 @@ class FakeExecutor:
             self.tables[req.request_id] = list(block_ids)
             self._write(req, 0, req.remote_kv_tokens)
             recvd.add(req.request_id)
-        sampled = []
         for i, req in enumerate(so.requests):
             rid = req.request_id
             if rid in so.new_req_ids:
@@ -123,8 +122,14 @@ class FakeExecutor:
             else:
                 self.tables[rid].extend(so.new_block_ids.get(rid, []))
             assert self.tables[rid] == self.kv.get_block_ids(rid), "block tables drifted"
-            ctx, n = so.context_len(i), so.num_scheduled_tokens[i]
-            self._attend_and_write(req, ctx, ctx + n)
+        # Like the engine's layers: the whole step's KV is written before any
+        # attention reads it, so a request may read blocks computed in this step.
+        for i, req in enumerate(so.requests):
+            ctx = so.context_len(i)
+            self._write(req, ctx, ctx + so.num_scheduled_tokens[i])
+        sampled = []
+        for i, req in enumerate(so.requests):
+            self._check_context(req, so.context_len(i))
             sampled.append(self._sample(req, so) if so.samples(i) else [])
         drafts = None
         if self.num_drafts:
@@ -152,16 +157,13 @@ class FakeExecutor:
             digest = zlib.crc32(self._token_at(req, pos).to_bytes(4, "little"), digest)
             yield pos, digest
 
-    def _attend_and_write(self, req: Request, ctx: int, end: int) -> None:
-        """Check the context holds this request's KV, then write the new tokens' KV."""
+    def _check_context(self, req: Request, ctx: int) -> None:
+        """Check the context holds this request's KV (written now or before)."""
         empty = [None] * self.kv.block_size
-        for pos, value in self._kv_values(req, end):
+        for pos, value in self._kv_values(req, ctx):
             b, s = self._slot(req.request_id, pos)
-            if pos < ctx:
-                got = self.contents.get(b, empty)[s]
-                assert got == value, f"{req.request_id} pos {pos}: KV of another prefix"
-            else:
-                self.contents.setdefault(b, list(empty))[s] = value
+            got = self.contents.get(b, empty)[s]
+            assert got == value, f"{req.request_id} pos {pos}: KV of another prefix"
 
     def _write(self, req: Request, start: int, end: int) -> None:
         for pos, value in self._kv_values(req, end):

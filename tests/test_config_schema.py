@@ -122,3 +122,17 @@ def test_run_py_prints_an_input_error_alone_and_exits_2(tmp_path):
         env={**env, "TESTBED_NO_BOOTSTRAP": "1", "HYDRA_FULL_ERROR": "1"},
     )  # fmt: skip
     assert "Traceback" in full.stderr and "InputError" in full.stderr
+
+
+@pytest.mark.parametrize("reserve", [True, False])
+def test_the_engines_scheduler_options_reach_both_modes_schedulers(reserve):
+    """``engine.reserve_full_isl`` (vLLM 0.34's default: on) and its siblings build
+    the same SchedulerConfig for the simulator and for the real engine."""
+    from testbed.build import engine_args, scheduler_config
+
+    overrides = [f"engine.reserve_full_isl={reserve}", "engine.long_prefill_token_threshold=64"]
+    sim = scheduler_config(compose_config(["mode=sim", *overrides]).engine, 4096)
+    real = engine_args(compose_config(["mode=real", *overrides]))
+    assert sim.reserve_full_isl is reserve and real.reserve_full_isl is reserve
+    assert sim.long_prefill_token_threshold == real.long_prefill_token_threshold == 64
+    assert compose_config([]).engine.reserve_full_isl is True

@@ -28,8 +28,8 @@ def run_pair(
     stream: Path, settings: Settings, out: Path
 ) -> tuple[Comparison, OurRun, ReferenceRun]:
     """Both schedulers on ``stream``; their comparison and runs."""
-    theirs = run_vllm(stream, settings, out)
     ours = run_ours(stream, settings, out)
+    theirs = run_vllm(stream, settings, out)
     return compare(ours.steps_csv, theirs.steps_csv), ours, theirs
 
 

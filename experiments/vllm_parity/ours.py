@@ -78,6 +78,15 @@ def run_ours(stream: Path, settings: Settings, out_dir: Path) -> OurRun:
     priorities = _priorities(stream)
     longest = max(r.prompt_tokens + r.output_tokens for r in reqs)
     max_model_len = settings.max_model_len or max(longest, settings.max_num_batched_tokens)
+    room = (settings.num_gpu_blocks - 1) * settings.block_size
+    if room < min(longest, max_model_len):
+        # vLLM refuses to start when max_model_len does not fit its KV cache;
+        # replayed, it would wait on such a request forever, and we reject it.
+        raise ValueError(
+            f"{stream}: the longest request ({longest} tokens) does not fit "
+            f"{settings.num_gpu_blocks - 1} usable blocks of {settings.block_size} tokens; "
+            "give more --num-gpu-blocks or a shorter --max-model-len"
+        )
     tokens = tool.TokenFactory(settings.block_size, settings.seed)
     output_token = tool.TokenFactory.output_token
     sched = build(settings, max_model_len)

@@ -22,6 +22,7 @@ class EngineArgs:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0
+    reserve_full_isl: bool = True
     max_model_len: int | None = None
     num_kv_blocks: int | None = None
     kv_cache_bytes: int | None = None  # on CPU, 512 MiB unless set

@@ -99,6 +99,7 @@ def build_engine(
         max_model_len=max_len,
         enable_chunked_prefill=args.enable_chunked_prefill,
         long_prefill_token_threshold=args.long_prefill_token_threshold,
+        reserve_full_isl=args.reserve_full_isl,
     )
     kv = KVCacheManager(blocks, args.block_size, args.enable_prefix_caching)
     scheduler = Scheduler(sched_cfg, kv, make_policy(args.policy))

@@ -75,13 +75,13 @@ def test_hit_requires_the_whole_prefix_to_match():
 
 
 class CollidingToken(int):
-    """Every token hashes alike, so every block's key hashes alike."""
+    """Every token hashes alike, so every block's contents hash alike."""
 
     def __hash__(self) -> int:
         return 7
 
 
-def test_hash_collisions_never_give_a_false_hit():
+def test_blocks_whose_contents_hash_alike_are_told_apart():
     kv = KVCacheManager(num_blocks=16, block_size=2)
     toks = lambda xs: [CollidingToken(x) for x in xs]  # noqa: E731
     compute(kv, req("a", toks([1, 2, 3, 4, 5])), 5)
@@ -91,14 +91,75 @@ def test_hash_collisions_never_give_a_false_hit():
     assert n == 0
 
 
-def test_blocks_become_findable_only_once_computed():
+def test_blocks_are_findable_from_the_allocation_of_the_step_that_computes_them():
+    """As in vLLM: a step writes its KV before any attention reads it, so the full
+    blocks it computes are findable at once, by a request admitted later in it."""
     kv = KVCacheManager(num_blocks=8, block_size=4)
-    a = req("a", list(range(9)))
-    assert kv.allocate_slots(a, 9) is not None  # allocated, not yet computed
-    assert kv.get_computed_blocks(req("b", list(range(9))))[1] == 0
-    a.num_computed_tokens = 9
-    kv.cache_blocks(a)
-    assert kv.get_computed_blocks(req("b", list(range(9))))[1] == 8
+    a = req("a", list(range(10)))
+    assert kv.allocate_slots(a, 6) is not None  # a chunk: one full block, one partial
+    assert kv.get_computed_blocks(req("b", list(range(10))))[1] == 4
+    a.num_computed_tokens = 6
+    assert kv.allocate_slots(a, 4) is not None  # the rest: 10 tokens, two full blocks
+    assert kv.get_computed_blocks(req("b", list(range(10))))[1] == 8
+    # A decode step that fills the last block's last slot needs no new block,
+    # and makes that block findable too.
+    c = req("c", [5] * 7)
+    compute(kv, c, 7)
+    c.output_token_ids.append(5)
+    assert kv.allocate_slots(c, 1) == []
+    assert kv.get_computed_blocks(req("d", [5] * 9))[1] == 8
+
+
+def test_a_request_preempted_after_its_allocation_takes_its_blocks_back():
+    """Its step will not run, so the blocks registered for it hold no KV."""
+    kv = KVCacheManager(num_blocks=8, block_size=4)
+    a = req("a", list(range(12)))
+    compute(kv, a, 4)  # block 0 computed in an earlier step
+    assert kv.allocate_slots(a, 8) is not None  # blocks 1, 2 registered for this step
+    assert kv.get_computed_blocks(req("b", list(range(12)) + [0]))[1] == 12
+    kv.forget_uncomputed(a)
+    kv.free(a)
+    assert kv.get_computed_blocks(req("b", list(range(12)) + [0]))[1] == 4
+
+
+def test_a_prefix_computed_twice_at_once_stays_findable_until_both_copies_go():
+    """vLLM's block pool: both copies are findable under one key, a lookup gets
+    the earliest, and the other takes over when it is evicted."""
+    kv = KVCacheManager(num_blocks=6, block_size=2)
+    a, b = req("a", [1, 2, 3]), req("b", [1, 2, 4])
+    compute(kv, a, 3)
+    compute(kv, b, 3)  # computed without a lookup: its own copy of [1, 2]
+    first, second = kv.req_to_blocks["a"][0], kv.req_to_blocks["b"][0]
+    assert kv.get_computed_blocks(req("x", [1, 2, 0]))[0] == [first]
+    kv.free(a)
+    kv.free(b)
+    compute(kv, req("y", [7] * 9), 9)  # 5 blocks: the 4 uncached, then the oldest cached
+    assert first.cache_key is None and second.cache_key is not None
+    assert kv.get_computed_blocks(req("x", [1, 2, 0]))[0] == [second]
+    compute(kv, req("z", [8]), 1)  # evicts the second copy
+    assert kv.get_computed_blocks(req("x", [1, 2, 0]))[1] == 0
+    assert not kv.pool.duplicates
+
+
+def test_a_block_whose_parent_was_evicted_is_found_again_once_the_parent_is_recomputed():
+    """Keys chain the prefix's contents, not the blocks that held it (as vLLM's
+    block hashes)."""
+    kv = KVCacheManager(num_blocks=4, block_size=2)
+    a = req("a", [1, 2, 3, 4, 0])
+    compute(kv, a, 5)
+    parent, child = kv.req_to_blocks["a"][:2]
+    kv.free(a)  # free pool: the partial block, then child, then parent (LRU)
+    b = req("b", [1, 2, 9])
+    hits, _ = kv.get_computed_blocks(b)
+    compute(kv, b, 1, hits)  # touches the parent: it is now newer than the child
+    kv.free(b)
+    kv.pool.evict(parent)  # as if reallocated
+    kv.pool.free_cached.pop(parent.block_id)
+    kv.pool.free_uncached.append(parent)
+    assert kv.get_computed_blocks(req("x", [1, 2, 3, 4, 0]))[1] == 0
+    compute(kv, req("c", [1, 2, 5]), 3)  # computes [1, 2] again, in another block
+    hits, n = kv.get_computed_blocks(req("x", [1, 2, 3, 4, 0]))
+    assert n == 4 and hits[1] is child
 
 
 def test_free_queue_reuses_uncached_first_and_evicts_lru_lazily():

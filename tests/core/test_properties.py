@@ -36,8 +36,17 @@ def check_invariants(sched, so) -> None:
     assert set(free) == {b.block_id for b in kv.pool.blocks if b.ref_cnt == 0}
     assert all(b.cache_key is None for b in kv.pool.free_uncached)
     assert all(b.cache_key is not None for b in kv.pool.free_cached.values())
+    # Every findable block is its key's block for lookups or one of its copies,
+    # and a lookup gets the earliest registered copy.
     for key, block in kv.pool.cached.items():
         assert block.cache_key == key
+    for key, copies in kv.pool.duplicates.items():
+        assert len(copies) > 1 and next(iter(copies.values())) is kv.pool.cached[key]
+        assert all(b.cache_key == key for b in copies.values())
+    findable = [b for b in kv.pool.blocks if b.cache_key is not None]
+    assert len(findable) == len(kv.pool.cached) + sum(
+        len(c) - 1 for c in kv.pool.duplicates.values()
+    )
     # Only live requests hold blocks, and each holds enough for its computed tokens.
     live = {r.request_id: r for r in [*sched.running, *sched.ready]} | sched.loading
     assert set(kv.req_to_blocks) <= set(live)

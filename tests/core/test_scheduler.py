@@ -69,6 +69,74 @@ def test_without_chunked_prefill_prompts_go_whole_or_wait():
     assert scheduled(so) == {"r0": 1, "r1": 150}
 
 
+def test_without_chunked_prefill_a_prompt_too_long_for_the_budget_left_holds_the_queue():
+    """As vLLM: no later, shorter request is admitted past it."""
+    s = create_scheduler(
+        enable_chunked_prefill=False, max_num_batched_tokens=256, max_model_len=256, num_blocks=256
+    )
+    a, b = create_requests(2, prompt_len=150)
+    c = create_requests(1, prompt_len=20, start=2)[0]
+    for r in (a, b, c):
+        s.add_request(r, 0)
+    so, _ = step(s)
+    assert scheduled(so) == {"r0": 150}  # c would fit the 106 tokens left, but b is first
+
+
+def test_long_prefill_threshold_applies_only_with_others_to_serve():
+    """As vLLM: the cap keeps a long prompt from starving the others; alone, a
+    request uses the whole budget."""
+    s = create_scheduler(max_num_batched_tokens=64, long_prefill_token_threshold=5)
+    a, b = create_requests(2, prompt_len=40)
+    s.add_request(a, 0)
+    so, _ = step(s)
+    assert scheduled(so) == {"r0": 40}
+    s.add_request(b, 0)
+    so, _ = step(s)
+    assert scheduled(so) == {"r0": 1, "r1": 5}
+
+
+@pytest.mark.parametrize("reserve", [True, False])
+def test_reserve_full_isl_admits_only_a_prompt_whose_every_block_is_free(reserve):
+    """vLLM 0.34's scheduler_reserve_full_isl: the whole prompt must fit in free
+    blocks at admission; off, its first chunk suffices."""
+    s = create_scheduler(
+        num_blocks=16, block_size=4, max_num_batched_tokens=12, reserve_full_isl=reserve
+    )
+    a = create_requests(1, prompt_len=16, output_len=8)[0]
+    b = create_requests(1, prompt_len=52, output_len=4, start=1, seed=1)[0]
+    s.add_request(a, 0)
+    step(s)  # a: its first chunk, 3 blocks
+    s.add_request(b, 0)
+    so, _ = step(s)  # a: the rest, 1 block; 12 free, b's first chunk needs 2, its prompt 13
+    assert ("r1" in scheduled(so)) is (not reserve)
+    assert s.admission_blocked_on_kv is reserve
+
+
+def test_a_victim_scheduled_earlier_in_its_step_takes_back_the_blocks_registered_for_it():
+    """The priority policy may preempt a request it scheduled earlier in the same
+    step: that step never runs for the victim, so blocks registered for it
+    (findable from their allocation) must not be hit. (vLLM's priority policy
+    leaves them findable, holding KV that was never written.)"""
+    s = create_scheduler(
+        "priority",
+        num_blocks=8,
+        block_size=4,
+        max_num_batched_tokens=12,
+        long_prefill_token_threshold=6,
+        reserve_full_isl=False,
+    )
+    low = create_requests(1, prompt_len=30, output_len=2, priority=1)[0]
+    high = create_requests(1, prompt_len=24, output_len=2, start=1, seed=1, priority=0)[0]
+    s.add_request(low, 0)
+    step(s)  # low alone: tokens 0-11 (blocks 0-2)
+    s.add_request(high, 0)
+    step(s)  # low: 12-17 (block 3 full, block 4 partial); high: 0-5
+    so, _ = step(s)  # low: 18-23 (blocks 4, 5) takes the last free block; high needs one
+    assert so.preempted_req_ids == ["r0"] and scheduled(so) == {"r1": 6}
+    probe = Request("p", prompt_token_ids=list(low.prompt_token_ids[:20]) + [1])
+    assert s.kv.get_computed_blocks(probe)[1] == 16  # block 4 was never completed
+
+
 def test_chunked_prefill_off_needs_a_budget_that_holds_max_model_len():
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
         create_scheduler(enable_chunked_prefill=False, max_num_batched_tokens=64)

@@ -51,6 +51,28 @@ def test_batch_invariance_under_chunking_caching_and_preemption(alone, policy):
     assert llm.engine.scheduler.kv.stats.hits > 0
 
 
+def test_requests_hitting_blocks_computed_in_their_own_step_read_them(alone):
+    """All eight prompts join the first step; those after the first with the
+    shared prefix hit the blocks the first computes in that very step (as in
+    vLLM: each layer writes the step's KV before attention reads it)."""
+    llm = LLM("dummy-llama", num_kv_blocks=256, block_size=4, max_num_batched_tokens=512)
+    sched = llm.engine.scheduler
+    schedule, steps = sched.schedule, []
+
+    def recording(now):
+        out = schedule(now)
+        steps.append((len(out.new_req_ids), out.context_lens[:]))
+        return out
+
+    sched.schedule = recording
+    outs = llm.generate(prompts(), GREEDY)
+    assert [o.token_ids for o in outs] == alone
+    admitted, contexts = steps[0]
+    assert admitted == 8
+    assert sum(1 for c in contexts if c > 0) == 3  # prompts 3, 5, 7 hit prompt 1's prefix
+    assert sched.kv.stats.hits == 3 * 24 and sched.num_preemptions == 0
+
+
 def test_prefix_caching_on_and_off_agree_and_on_computes_less():
     ps = prompts(shared=48)
     runs = {}
