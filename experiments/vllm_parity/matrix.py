@@ -1,0 +1,122 @@
+"""``python -m experiments.vllm_parity.matrix``: the comparison over a matrix of
+streams and settings (sizes, prefix sharing, tight and roomy caches, the
+long-prefill cap, both reservation settings, chunked prefill and prefix caching
+off, the priority policy, a large batch), with both control planes' cost per
+step. Prints a table; writes ``matrix.csv``, ``matrix.md``, ``matrix.json`` and
+``manifest.json`` to ``--out`` (``outputs/vllm_parity_matrix``).
+
+    python -m experiments.vllm_parity.matrix            # every case (about 10 minutes here)
+    python -m experiments.vllm_parity.matrix --only fcfs-3000 priority-1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import pandas as pd
+
+from experiments.fidelity.report import markdown_table
+from experiments.manifest import write_manifest
+from experiments.vllm_parity.cli import run_pair
+from experiments.vllm_parity.reference import Settings
+from experiments.vllm_parity.streams import StreamSpec, write_stream
+
+S = StreamSpec
+CASES: dict[str, tuple[StreamSpec, Settings]] = {
+    "fcfs-50": (S(n=50), Settings()),
+    "fcfs-500": (S(n=500, seed=2), Settings()),
+    "fcfs-3000": (S(n=3000, seed=3), Settings()),
+    "first-chunk-3000": (S(n=3000, seed=3), Settings(reserve_full_isl=False)),
+    "tight-cache-3000": (S(n=3000, seed=3), Settings(num_gpu_blocks=48)),
+    "tight-first-chunk-3000": (S(n=3000, seed=3), Settings(num_gpu_blocks=48, reserve_full_isl=False)),
+    "threshold-3000": (S(n=3000, seed=4), Settings(long_prefill_token_threshold=64)),
+    "threshold-tight-3000": (
+        S(n=3000, seed=4),
+        Settings(long_prefill_token_threshold=100, num_gpu_blocks=60, block_size=32, reserve_full_isl=False),
+    ),
+    "shared-prefixes-2000": (
+        S(n=2000, share_frac=0.9, num_prefixes=2, seed=5),
+        Settings(num_gpu_blocks=100),
+    ),
+    "no-chunked-prefill-2000": (
+        S(n=2000, prompt=(20, 900), seed=6),
+        Settings(enable_chunked_prefill=False, max_num_batched_tokens=1024, max_model_len=1024,
+                 num_gpu_blocks=200),
+    ),  # fmt: skip
+    "no-prefix-caching-2000": (S(n=2000, seed=7), Settings(enable_prefix_caching=False, num_gpu_blocks=80)),
+    "priority-1000": (
+        S(n=1000, priority_classes=3, seed=8),
+        Settings(policy="priority"),
+    ),
+    "priority-tight-2000": (
+        S(n=2000, priority_classes=4, seed=9),
+        Settings(policy="priority", num_gpu_blocks=64, reserve_full_isl=False),
+    ),
+    "priority-threshold-2000": (
+        S(n=2000, priority_classes=4, seed=10),
+        Settings(policy="priority", num_gpu_blocks=400, max_num_seqs=64,
+                 max_num_batched_tokens=1024, long_prefill_token_threshold=128),
+    ),  # fmt: skip
+    "large-batch-3000": (
+        S(n=3000, rate=16.0, share_frac=0.7, seed=11),
+        Settings(max_num_seqs=256, max_num_batched_tokens=4096, num_gpu_blocks=2000),
+    ),
+}
+
+
+def run_matrix(names: list[str], out: Path) -> pd.DataFrame:
+    rows = []
+    for name in names:
+        spec, settings = CASES[name]
+        folder = out / name
+        stream = write_stream(spec, folder / "stream.csv")
+        result, ours, theirs = run_pair(stream, settings, folder)
+        preempting = sum(1 for line in open(theirs.steps_csv) if line.rstrip("\n").split(",")[10])
+        rows.append(
+            dict(
+                case=name,
+                requests=spec.n,
+                steps_vllm=result.steps_vllm,
+                identical_steps=result.identical,
+                first_divergence=result.first_divergence,
+                steps_preempting=preempting - 1,  # less the header
+                ms_per_step_ours=round(ours.ms_per_step, 4),
+                ms_per_step_vllm=theirs.ms_per_step,
+                ours_over_vllm=round(ours.ms_per_step / theirs.ms_per_step, 3)
+                if theirs.ms_per_step
+                else None,
+                stream=asdict(spec),
+                settings=asdict(settings),
+            )
+        )
+        print(
+            f"{name:<26} {result.identical:>6} of {result.steps_vllm:>6} steps identical; "
+            f"{preempting - 1:>5} preempting; ms/step ours {ours.ms_per_step:.3f}, "
+            f"vLLM {theirs.ms_per_step}",
+            flush=True,
+        )
+    return pd.DataFrame(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m experiments.vllm_parity.matrix", description=__doc__)
+    p.add_argument("--out", type=Path, default=Path("outputs/vllm_parity_matrix"))
+    p.add_argument("--only", nargs="+", choices=sorted(CASES), help="these cases only")
+    a = p.parse_args(argv)
+    names = a.only or list(CASES)
+    table = run_matrix(names, a.out)
+    flat = table.drop(columns=["stream", "settings"])
+    flat.to_csv(a.out / "matrix.csv", index=False)
+    cells = [["" if pd.isna(v) else str(v) for v in row] for row in flat.itertuples(index=False)]
+    (a.out / "matrix.md").write_text(markdown_table(list(flat.columns), cells, left=1))
+    (a.out / "matrix.json").write_text(json.dumps(table.to_dict("records"), indent=2) + "\n")
+    write_manifest(a.out)
+    print(flat.to_string(index=False))
+    return 0 if (table.first_divergence.isna()).all() else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
