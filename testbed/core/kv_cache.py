@@ -279,9 +279,14 @@ class KVCacheManager:
         if not new_computed_blocks and (
             computed + num_new_tokens + num_lookahead_tokens <= len(blocks) * bs
         ):
-            # The common decode step: the last block has room.
-            if self.enable_prefix_caching and (computed + num_new_tokens) // bs > computed // bs:
-                self.cache_blocks(request, min(computed + num_new_tokens, request.num_tokens))
+            # The common decode step: the last block has room (and may fill up).
+            end = computed + num_new_tokens
+            if (
+                self.enable_prefix_caching
+                and end // bs > computed // bs
+                and req_id not in self._chain_closed
+            ):
+                self.cache_blocks(request, min(end, request.num_tokens))
             return _NO_NEW_BLOCKS
         num_hit = len(new_computed_blocks)
         num_computed = computed + num_hit * bs
@@ -311,8 +316,9 @@ class KVCacheManager:
             new_blocks = self.pool.allocate(num_new_blocks)
             blocks.extend(new_blocks)
             new_ids = [b.block_id for b in new_blocks]
-        if self.enable_prefix_caching:
-            self.cache_blocks(request, min(num_computed + num_new_tokens, request.num_tokens))
+        end = num_computed + num_new_tokens
+        if self.enable_prefix_caching and end >= bs and req_id not in self._chain_closed:
+            self.cache_blocks(request, min(end, request.num_tokens))
         return new_ids
 
     def cache_blocks(self, request: Request, num_tokens: int | None = None) -> None:
