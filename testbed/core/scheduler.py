@@ -19,6 +19,7 @@ from testbed.core.outputs import ExecutorOutput, SchedulerOutput
 from testbed.core.policy import Decision, Policy, overrides
 from testbed.core.queue import create_waiting_queue
 from testbed.core.request import SERVED, STAND_IN_TOKEN, Request, RequestStatus
+from testbed.core.spec_stats import SpecDecodingStats
 
 RUNNING = RequestStatus.RUNNING
 
@@ -36,6 +37,7 @@ class Scheduler:
         self.ready: list[Request] = []  # KV arrived, holding blocks, not yet running
         self.requests: dict[str, Request] = {}  # every unfinished request
         self.num_preemptions = 0
+        self.spec_stats = SpecDecodingStats()
         self._step_id = 0
         self._arrivals = 0
         self._finished_ids: list[str] = []  # for the executor, in the next output
@@ -400,6 +402,7 @@ class Scheduler:
                     req.num_computed_tokens -= n_spec + 1 - len(tokens)
                     req.num_draft_tokens += n_spec
                     req.num_accepted_tokens += len(tokens) - 1
+                    self.spec_stats.observe(n_spec, len(tokens) - 1)
                     req.spec_token_ids = ()
             if samples:
                 if self._append_tokens(req, tokens, now):

@@ -23,6 +23,9 @@ class EngineArgs:
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0
     reserve_full_isl: bool = True
+    # vLLM's speculative_config: {"method": "ngram", "num_speculative_tokens": 4, ...}
+    # (testbed.engine.spec_config.SpeculativeConfig); None: no speculation.
+    speculative_config: Any = None
     max_model_len: int | None = None
     num_kv_blocks: int | None = None
     kv_cache_bytes: int | None = None  # on CPU, 512 MiB unless set

@@ -3,8 +3,11 @@
 It keeps each request's block table (rebuilt for new and resumed requests,
 extended with new blocks otherwise), gathers the tokens each request computes
 this step, their positions and KV slots, runs the model once over all of them
-(prefill chunks and decodes mixed), and samples for the requests whose prompt
-and output are fully computed.
+(prefill chunks, decodes and draft verifications mixed), and samples for the
+requests whose prompt and output are fully computed: a request with drafts
+gets the target's logits at its last token and at each draft, and the
+rejection sampler accepts a prefix of them and adds one token. With a
+proposer, it then proposes the next step's drafts for each request that sampled.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import torch
 
 from testbed.core import ExecutorOutput, SchedulerOutput
 from testbed.engine.model import AttentionMetadata, CausalLM
+from testbed.engine.rejection import RejectionSampler
 from testbed.engine.sampler import Sampler
 
 
@@ -40,6 +44,7 @@ class ModelExecutor:
         backend,
         device: torch.device,
         seed: int = 0,
+        proposer=None,
     ) -> None:
         cfg = model.config
         self.model, self.backend, self.device = model, backend, device
@@ -55,6 +60,9 @@ class ModelExecutor:
         ]
         self.tables: dict[str, list[int]] = {}
         self.sampler = Sampler(device, seed)
+        self.rejection_sampler = RejectionSampler(self.sampler)
+        # Proposes each sampling request's next drafts (``propose(contexts, limits)``).
+        self.proposer = proposer
         self.num_computed_tokens = 0  # tokens run through the model, all steps
         self.record_timings = False  # synchronize the device for exact part timings
         self.last_timings: dict[str, float] = {}
@@ -106,7 +114,9 @@ class ModelExecutor:
             seq_lens.append(end)
             max_blocks = max(max_blocks, len(self.tables[req.request_id]))
             if so.samples(i):
-                sample_idx.append(q_start[-1] - 1)
+                # The last token's logits, and each scheduled draft's before it.
+                m = len(so.spec_token_ids.get(req.request_id, ()))
+                sample_idx.extend(range(q_start[-1] - 1 - m, q_start[-1]))
         tables = torch.zeros((len(so.requests), max_blocks), dtype=torch.int32)
         for i, req in enumerate(so.requests):
             t = self.tables[req.request_id]
@@ -126,8 +136,6 @@ class ModelExecutor:
     @torch.inference_mode()
     def execute(self, so: SchedulerOutput) -> ExecutorOutput:
         start = time.perf_counter()
-        if so.spec_token_ids:
-            raise NotImplementedError("speculative decoding is not in the real engine yet")
         self._update_tables(so)
         if not so.requests:
             return ExecutorOutput(sampled_token_ids=[], measured_s=time.perf_counter() - start)
@@ -139,15 +147,11 @@ class ModelExecutor:
         t_forward = time.perf_counter()
         self.num_computed_tokens += ids.numel()
         sampled: list[list[int]] = [[] for _ in so.requests]
+        drafts = None
         if sample_idx:
-            logits = self.model.logits(hidden[sample_idx])
-            rows = [i for i in range(len(so.requests)) if so.samples(i)]
-            reqs = [so.requests[i] for i in rows]
-            toks = self.sampler.sample(
-                logits, [r.request_id for r in reqs], [r.sampling_params for r in reqs]
-            )
-            for i, tok in zip(rows, toks, strict=True):
-                sampled[i] = [tok]
+            sampled = self._sample(so, self.model.logits(hidden[sample_idx]))
+            if self.proposer is not None:
+                drafts = self._propose(so, sampled)
         end = time.perf_counter()
         # The parts of this step, for the profiler (sampling includes the LM head).
         self.last_timings = {
@@ -155,4 +159,48 @@ class ModelExecutor:
             "forward": t_forward - t_prepared,
             "sample": end - t_forward,
         }
-        return ExecutorOutput(sampled_token_ids=sampled, measured_s=end - start)
+        return ExecutorOutput(
+            sampled_token_ids=sampled, measured_s=end - start, draft_token_ids=drafts
+        )
+
+    def _sample(self, so: SchedulerOutput, logits: torch.Tensor) -> list[list[int]]:
+        """Each sampling request's tokens from its rows of ``logits`` (in batch order:
+        one row, or one per draft and one more): plain rows batched through the
+        sampler, requests with drafts through the rejection sampler."""
+        sampled: list[list[int]] = [[] for _ in so.requests]
+        plain, plain_rows, row = [], [], 0
+        for i, req in enumerate(so.requests):
+            if not so.samples(i):
+                continue
+            drafts = so.spec_token_ids.get(req.request_id)
+            if drafts:
+                rows = logits[row : row + len(drafts) + 1]
+                sampled[i] = self.rejection_sampler.verify(
+                    rows, drafts, req.request_id, req.sampling_params
+                )
+                row += len(drafts) + 1
+            else:
+                plain.append(i)
+                plain_rows.append(row)
+                row += 1
+        if plain:
+            reqs = [so.requests[i] for i in plain]
+            toks = self.sampler.sample(
+                logits[plain_rows], [r.request_id for r in reqs], [r.sampling_params for r in reqs]
+            )
+            for i, tok in zip(plain, toks, strict=True):
+                sampled[i] = [tok]
+        return sampled
+
+    def _propose(self, so: SchedulerOutput, sampled: list[list[int]]) -> dict[str, list[int]]:
+        """The next step's drafts of each request that sampled, no more than can be
+        used before it stops at its length (prompt + output + drafts + 1 <= its end)."""
+        reqs, contexts, limits = [], [], []
+        for req, new in zip(so.requests, sampled, strict=True):
+            if not new:
+                continue
+            reqs.append(req)
+            contexts.append([*req.prompt_token_ids, *req.output_token_ids, *new])
+            limits.append(req.max_num_tokens - len(contexts[-1]) - 1)
+        proposals = self.proposer.propose(contexts, limits)
+        return {r.request_id: d for r, d in zip(reqs, proposals, strict=True) if d}

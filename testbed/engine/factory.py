@@ -17,6 +17,8 @@ from testbed.engine.device import pick_device, pick_dtype, pin_cpus
 from testbed.engine.executor import ModelExecutor
 from testbed.engine.model import CausalLM
 from testbed.engine.model_config import ModelConfig
+from testbed.engine.ngram import NgramProposer
+from testbed.engine.spec_config import SpeculativeConfig
 from testbed.engine.weights import build_model
 from testbed.kernels import select_backend
 from testbed.models import ModelSpec, ResolvedModel, num_kv_blocks, resolve_model
@@ -30,6 +32,22 @@ def engine_model(
     entry, a ``conf/model/`` name or an HF folder."""
     resolved = model if isinstance(model, ResolvedModel) else resolve_model(model)
     return ModelConfig.of(resolved), resolved.folder, resolved.name
+
+
+def make_proposer(speculative: SpeculativeConfig | None):
+    """The drafts' proposer of ``speculative`` (None: no speculation)."""
+    if speculative is None:
+        return None
+    if speculative.method == "ngram":
+        return NgramProposer(
+            speculative.num_speculative_tokens,
+            speculative.prompt_lookup_min,
+            speculative.prompt_lookup_max,
+        )
+    raise NotImplementedError(
+        f"speculative_config.method: {speculative.method!r} is not in the real engine yet "
+        "(only ngram is)"
+    )
 
 
 def token_validator(vocab_size: int) -> Callable[[Request], str | None]:
@@ -93,6 +111,7 @@ def build_engine(
             spec, dtype_name, args.block_size, 0, 0, 0, args.kv_cache_bytes or CPU_KV_CACHE_BYTES
         )
     max_len = args.max_model_len or cfg.max_model_len
+    speculative = SpeculativeConfig.of(args.speculative_config)
     sched_cfg = SchedulerConfig(
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_seqs=args.max_num_seqs,
@@ -100,6 +119,7 @@ def build_engine(
         enable_chunked_prefill=args.enable_chunked_prefill,
         long_prefill_token_threshold=args.long_prefill_token_threshold,
         reserve_full_isl=args.reserve_full_isl,
+        num_lookahead_tokens=speculative.num_lookahead_tokens if speculative else 0,
     )
     kv = KVCacheManager(blocks, args.block_size, args.enable_prefix_caching)
     scheduler = Scheduler(sched_cfg, kv, make_policy(args.policy))
@@ -110,6 +130,7 @@ def build_engine(
         select_backend(args.attention_backend, device),
         device,
         args.seed,
+        proposer=make_proposer(speculative),
     )
     if device.type == "cuda":
         executor.warm_up()  # no kernel compiles inside a run's first steps

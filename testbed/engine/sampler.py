@@ -25,7 +25,9 @@ class Sampler:
     def forget(self, request_id: str) -> None:
         self.generators.pop(request_id, None)
 
-    def _generator(self, request_id: str, params: SamplingParams) -> torch.Generator:
+    def generator(self, request_id: str, params: SamplingParams) -> torch.Generator:
+        """The request's own random generator (seeded by ``params.seed``, else by
+        the engine's seed and its id)."""
         gen = self.generators.get(request_id)
         if gen is None:
             gen = torch.Generator(device=self.device)
@@ -45,20 +47,33 @@ class Sampler:
         if not rows:
             return out.tolist()
         dev = logits.device
-        temps = torch.tensor([params[i].temperature for i in rows], device=dev)
-        scaled = logits[rows] / temps[:, None]
-        scaled = _top_k(scaled, [params[i].top_k for i in rows])
-        scaled = _top_p(scaled, [params[i].top_p for i in rows])
+        scaled = process_logits(logits[rows], [params[i] for i in rows])
         vocab = logits.shape[-1]
         u = torch.stack(
             [
-                torch.rand(vocab, generator=self._generator(request_ids[i], params[i]), device=dev)
+                torch.rand(vocab, generator=self.generator(request_ids[i], params[i]), device=dev)
                 for i in rows
             ]
         )
         gumbel = -torch.log(-torch.log(u.clamp_(min=1e-20)))
         out[rows] = (scaled + gumbel).argmax(dim=-1)
         return out.tolist()
+
+
+    def draw(self, weights: torch.Tensor, generator: torch.Generator) -> int:
+        """One index drawn with probability proportional to ``weights`` (>= 0, 1-D)."""
+        u = torch.rand(weights.shape[-1], generator=generator, device=weights.device)
+        gumbel = -torch.log(-torch.log(u.clamp_(min=1e-20)))
+        return int((torch.log(weights) + gumbel).argmax())
+
+
+def process_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Each row's logits over its temperature (> 0), with what its top-k and top-p
+    cut set to -inf: the distribution a sampled token is drawn from, as logits."""
+    temps = torch.tensor([p.temperature for p in params], device=logits.device)
+    scaled = logits / temps[:, None]
+    scaled = _top_k(scaled, [p.top_k for p in params])
+    return _top_p(scaled, [p.top_p for p in params])
 
 
 def _top_k(scaled: torch.Tensor, ks: list[int]) -> torch.Tensor:

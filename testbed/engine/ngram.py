@@ -1,0 +1,44 @@
+"""The n-gram proposer (prompt lookup decoding).
+
+For each request that sampled, the longest suffix of its tokens (prompt, output
+and the tokens just sampled) of ``prompt_lookup_min`` to ``prompt_lookup_max``
+tokens that also occurs earlier in them proposes the tokens that followed its
+latest earlier occurrence, up to ``k``: vLLM's rule (longest n-gram first, then
+the rightmost match). A request with no match gets no drafts (vLLM pads its
+drafts with the last token for fixed shapes; a padded draft is rarely accepted).
+Vectorised with numpy: one pass over the context per n-gram length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+
+class NgramProposer:
+    def __init__(self, k: int, min_n: int, max_n: int) -> None:
+        self.k, self.min_n, self.max_n = k, min_n, max_n
+
+    def propose_one(self, tokens: np.ndarray, k: int) -> list[int]:
+        """Up to ``k`` drafts to follow ``tokens`` (int64, the whole context)."""
+        size = len(tokens)
+        for n in range(min(self.max_n, size - 1), self.min_n - 1, -1):
+            suffix = tokens[size - n :]
+            # Windows starting at 0 .. size - n - 1: every occurrence but the suffix itself.
+            windows = sliding_window_view(tokens[: size - 1], n)
+            hits = np.flatnonzero((windows == suffix).all(axis=1))
+            if len(hits):
+                start = int(hits[-1]) + n
+                return tokens[start : start + k].tolist()
+        return []
+
+    def propose(
+        self, contexts: Sequence[Sequence[int]], limits: Sequence[int]
+    ) -> list[list[int]]:
+        """Drafts for each context, at most ``limits[i]`` (<= k) for the i-th."""
+        return [
+            self.propose_one(np.asarray(ctx, dtype=np.int64), min(self.k, lim)) if lim > 0 else []
+            for ctx, lim in zip(contexts, limits, strict=True)
+        ]
