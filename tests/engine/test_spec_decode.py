@@ -1,0 +1,204 @@
+"""Speculative decoding in the real engine: proposers, the rejection sampler, and
+greedy outputs equal to those without speculation."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from testbed.core import SamplingParams
+from testbed.engine.llm import LLM
+from testbed.engine.ngram import NgramProposer
+from testbed.engine.rejection import RejectionSampler
+from testbed.engine.sampler import Sampler
+from testbed.engine.spec_config import MAX_SPECULATIVE_TOKENS, SpeculativeConfig
+from testbed.models import models_dir
+
+# --- the n-gram proposer ---
+
+
+def test_ngram_takes_the_longest_suffix_then_its_rightmost_earlier_occurrence():
+    p = NgramProposer(k=3, min_n=1, max_n=3)
+    #        0  1  2  3  4  5  6  7  8  9 10
+    ctx = [5, 6, 7, 1, 5, 6, 8, 2, 9, 5, 6]
+    # Suffix [9, 5, 6] never occurred; [5, 6] did at 0 and 4: the rightmost (4) proposes 8, 2, 9.
+    assert p.propose([ctx], [3]) == [[8, 2, 9]]
+    assert p.propose([ctx], [2]) == [[8, 2]]  # at most the limit
+    assert p.propose([ctx], [0]) == [[]]
+    # A longer match wins over a more recent shorter one.
+    ctx = [1, 2, 3, 4, 9, 3, 7, 1, 2, 3]
+    assert p.propose([ctx], [3]) == [[4, 9, 3]]
+    # Drafts stop at the end of the context.
+    assert p.propose([[4, 4]], [3]) == [[4]]
+
+
+def test_ngram_needs_a_match_of_at_least_the_minimum():
+    p = NgramProposer(k=2, min_n=2, max_n=4)
+    assert p.propose([[1, 2, 3, 4, 5, 1]], [2]) == [[]]  # [1] matches but is too short
+    assert p.propose([[1, 2, 3, 4, 5, 1, 2]], [2]) == [[3, 4]]
+
+
+# --- the configuration ---
+
+
+@pytest.mark.parametrize(
+    "config, field",
+    [
+        ({"method": "medusa", "num_speculative_tokens": 2}, "method"),
+        ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
+        ({"method": "ngram", "num_speculative_tokens": MAX_SPECULATIVE_TOKENS + 1},
+         "num_speculative_tokens"),  # fmt: skip
+        ({"method": "ngram", "num_speculative_tokens": 2.5}, "num_speculative_tokens"),
+        ({"method": "ngram"}, "num_speculative_tokens"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 0},
+         "prompt_lookup_min"),  # fmt: skip
+        ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 3,
+          "prompt_lookup_max": 2}, "prompt_lookup_max"),  # fmt: skip
+        ({"method": "draft_model", "num_speculative_tokens": 2}, "model"),
+        ({"method": "draft_model", "num_speculative_tokens": 2, "model": "x",
+          "draft_num_layers": 0}, "draft_num_layers"),  # fmt: skip
+        ({"method": "ngram", "num_speculative_tokens": 2, "lookahead": 3}, "lookahead"),
+    ],
+)
+def test_bad_speculative_configs_are_refused_naming_the_field(config, field):
+    with pytest.raises(ValueError, match=field):
+        SpeculativeConfig.of(config)
+
+
+def test_no_method_is_no_speculation():
+    assert SpeculativeConfig.of(None) is None
+    assert SpeculativeConfig.of({"method": None, "num_speculative_tokens": 3}) is None
+    ngram = SpeculativeConfig.of({"method": "ngram", "num_speculative_tokens": 3})
+    assert ngram.num_lookahead_tokens == 0 and ngram.prompt_lookup_max == 4
+
+
+# --- the rejection sampler: the output follows the target's distribution ---
+
+# Chi-square critical value at significance 0.001 for 4 degrees of freedom (5 tokens).
+CHI2_CRIT_DF4 = 18.467
+
+
+def chi_square(counts: np.ndarray, probs: np.ndarray) -> float:
+    expected = probs * counts.sum()
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+P = torch.tensor([[0.50, 0.20, 0.15, 0.10, 0.05], [0.05, 0.10, 0.60, 0.15, 0.10]])
+Q = torch.tensor([[0.10, 0.40, 0.10, 0.30, 0.10], [0.20, 0.20, 0.20, 0.20, 0.20]])
+
+
+def emitted(sampler: RejectionSampler, n: int, draft_probs: bool) -> tuple[np.ndarray, np.ndarray]:
+    """First and second emitted tokens over ``n`` verifications of two drafts drawn
+    from Q (or proposed without a distribution: then drawn from Q all the same)."""
+    params = SamplingParams(temperature=1.0)  # each request its own generator
+    rng = torch.Generator().manual_seed(3)
+    logits = torch.log(torch.cat([P, P[1:]]))  # position 2 (bonus) as position 1
+    first, second = np.zeros(5), np.zeros(5)
+    for i in range(n):
+        drafts = [int(torch.multinomial(Q[j], 1, generator=rng)) for j in range(2)]
+        out = sampler.verify(logits, drafts, f"r{i}", params, Q if draft_probs else None)
+        first[out[0]] += 1
+        if len(out) > 1:
+            second[out[1]] += 1
+    return first, second
+
+
+@pytest.mark.parametrize("draft_probs", [True, False], ids=["draft-model", "point-mass"])
+def test_sampled_outputs_follow_the_targets_distribution(draft_probs):
+    """4,000 verifications: the first token follows P[0] and, after an accepted
+    first draft, the second follows P[1] (chi-square at 0.001)."""
+    first, second = emitted(RejectionSampler(Sampler(torch.device("cpu"))), 4000, draft_probs)
+    assert chi_square(first, P[0].numpy()) < CHI2_CRIT_DF4
+    assert second.sum() > 500 and chi_square(second, P[1].numpy()) < CHI2_CRIT_DF4
+
+
+class SwapsTargetAndDraft(RejectionSampler):
+    """A mutation: the rule with p and q swapped (accept with min(1, q / p), the
+    residual from q - p)."""
+
+    def verify(self, logits, drafts, request_id, params, draft_probs=None):
+        p = torch.softmax(logits, dim=-1)
+        as_target = torch.log(torch.cat([draft_probs, draft_probs[-1:]]))
+        return super().verify(as_target, drafts, request_id, params, p[:-1])
+
+
+def test_a_wrong_acceptance_rule_fails_the_same_test():
+    first, _ = emitted(SwapsTargetAndDraft(Sampler(torch.device("cpu"))), 4000, True)
+    assert chi_square(first, P[0].numpy()) > CHI2_CRIT_DF4
+
+
+def test_greedy_verification_accepts_while_drafts_equal_the_argmax():
+    rs = RejectionSampler(Sampler(torch.device("cpu")))
+    logits = torch.full((4, 6), -5.0)
+    for row, best in enumerate([2, 4, 1, 3]):
+        logits[row, best] = 5.0
+    greedy = SamplingParams(temperature=0)
+    assert rs.verify(logits, [2, 4, 1], "a", greedy) == [2, 4, 1, 3]  # all + bonus
+    assert rs.verify(logits, [2, 5, 1], "a", greedy) == [2, 4]  # second replaced
+    assert rs.verify(logits, [0, 4, 1], "a", greedy) == [2]
+
+
+# --- the engine: greedy outputs with speculation are those without ---
+
+
+def stories() -> str:
+    folder = models_dir() / "stories260K" / "hf"
+    if not (folder / "config.json").exists():
+        pytest.skip(f"stories260K not found at {folder} (set TESTBED_MODELS_DIR)")
+    return str(folder)
+
+
+def repetitive_prompts(n: int = 10, seed: int = 0) -> list[list[int]]:
+    """Prompts with repeats (n-gram lookup finds matches) and a shared prefix."""
+    rng = random.Random(seed)
+    shared = [1] + [rng.randrange(3, 500) for _ in range(20)]
+    out = []
+    for i in range(n):
+        phrase = [rng.randrange(3, 500) for _ in range(rng.randint(3, 6))]
+        body = phrase * rng.randint(2, 4) + [rng.randrange(3, 500) for _ in range(rng.randint(0, 9))]
+        out.append(shared + body if i % 2 else [1, *body])
+    return out
+
+
+@pytest.fixture(scope="module")
+def without_speculation() -> list[list[int]]:
+    llm = LLM(stories(), num_kv_blocks=512, block_size=4)
+    greedy = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    return [o.token_ids for o in llm.generate(repetitive_prompts(), greedy)]
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_greedy_outputs_with_ngram_speculation_are_those_without(without_speculation, k):
+    """Continuous batching, chunked prefill (a 24-token budget), prefix caching
+    and preemption (a cache too small for all ten at once)."""
+    llm = LLM(
+        stories(),
+        num_kv_blocks=60,
+        block_size=4,
+        max_num_batched_tokens=24,
+        max_num_seqs=8,
+        speculative_config={"method": "ngram", "num_speculative_tokens": k,
+                            "prompt_lookup_min": 2, "prompt_lookup_max": 4},
+    )  # fmt: skip
+    greedy = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    outs = llm.generate(repetitive_prompts(), greedy)
+    assert [o.token_ids for o in outs] == without_speculation
+    sched = llm.engine.scheduler
+    stats = sched.spec_stats
+    assert stats.num_accepted_tokens > 0 and len(stats.drafted_per_pos) == k
+    assert sched.num_preemptions > 0 and sched.kv.stats.hits > 0
+
+
+def test_sampled_requests_with_speculation_are_seeded_per_request():
+    """The same request with its seed gives the same tokens whatever its batch."""
+    spec = {"method": "ngram", "num_speculative_tokens": 3}
+    params = SamplingParams(temperature=0.8, top_k=50, max_tokens=32, ignore_eos=True, seed=11)
+    prompts = repetitive_prompts(6, seed=1)
+    alone = LLM(stories(), speculative_config=spec).generate(prompts[:1], params)[0].token_ids
+    llm = LLM(stories(), speculative_config=spec)
+    batched = llm.generate(prompts, [params] + [SamplingParams(temperature=1.0, max_tokens=32)] * 5)
+    assert batched[0].token_ids == alone
+    assert llm.engine.scheduler.spec_stats.num_drafts > 0
