@@ -195,6 +195,7 @@ class FakeExecutor:
 
 def create_engine(policy="fcfs", num_drafts: int = 0, **kwargs) -> tuple[EngineCore, FakeExecutor]:
     if num_drafts:
+        kwargs.setdefault("num_speculative_tokens", num_drafts)
         kwargs.setdefault("num_lookahead_tokens", num_drafts)
     sched = create_scheduler(policy, **kwargs)
     ex = FakeExecutor(sched.kv, num_drafts=num_drafts)

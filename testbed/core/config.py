@@ -14,7 +14,10 @@ class SchedulerConfig:
     max_model_len: int = 4096
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0  # 0: no per-request cap
-    num_lookahead_tokens: int = 0  # KV slots reserved for drafts (speculative decoding)
+    # Speculative decoding: the most draft tokens a request verifies per step, and
+    # the KV slots reserved past its tokens for a draft model's own drafts.
+    num_speculative_tokens: int = 0
+    num_lookahead_tokens: int = 0
     # Admit a waiting request only when its whole prompt (less prefix hits) fits
     # in free blocks, not just its first chunk (vLLM's scheduler_reserve_full_isl).
     reserve_full_isl: bool = True

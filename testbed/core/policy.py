@@ -174,6 +174,12 @@ class Policy:
         """The most tokens ``request`` may compute this step (None: no cap)."""
         return None
 
+    def draft_cap(self, request: Request) -> int | None:
+        """The most draft tokens ``request`` may verify in its next step (speculative
+        decoding; None: the engine's ``num_speculative_tokens``, 0: none), e.g.
+        fewer under load, where verification costs more than it saves."""
+        return None
+
     def on_arrival(self, request: Request, now: float) -> None:
         """Sees each request when it enters the waiting queue for the first time."""
 

@@ -52,6 +52,7 @@ class Scheduler:
         # Hooks the policy leaves to the base class are skipped, not called.
         self.policy_admits = overrides(policy, "admit")
         self._has_cap = overrides(policy, "token_cap")
+        self._has_draft_cap = overrides(policy, "draft_cap")
         self._has_on_step = overrides(policy, "on_step")
         # A stateful policy that must see every step one by one (no on_decode_steps).
         self.policy_sees_each_step = self._has_on_step and not overrides(policy, "on_decode_steps")
@@ -379,6 +380,7 @@ class Scheduler:
         sampled = result.sampled_token_ids
         accepted = result.num_accepted_drafts
         drafts = result.draft_token_ids
+        spec_k = self.config.num_speculative_tokens
         finished = self._newly_finished
         self._newly_finished = []
         for i, req in enumerate(out.requests):
@@ -407,8 +409,8 @@ class Scheduler:
             if samples:
                 if self._append_tokens(req, tokens, now):
                     finished.append(req)
-                elif drafts:
-                    req.spec_token_ids = list(drafts.get(req.request_id, ())) or ()
+                elif spec_k:
+                    self._take_drafts(req, drafts.get(req.request_id, ()) if drafts else ())
         if self.kv.num_registered != self._registered_when_blocked:
             # Blocks were made findable since the head found no room: it may hit
             # them and need fewer blocks at the next admission.
@@ -421,6 +423,17 @@ class Scheduler:
         if self._has_on_step:
             self.policy.on_step(out, finished, now)
         return finished
+
+    def _take_drafts(self, req: Request, proposed) -> None:
+        """Keep a request's proposed drafts for its next step, as many as the policy
+        lets it verify, and count what the proposer could and did propose."""
+        room = min(self.config.num_speculative_tokens, req.max_num_tokens - req.num_tokens - 1)
+        if self._has_draft_cap:
+            cap = self.policy.draft_cap(req)
+            if cap is not None:
+                room = min(room, max(0, cap))
+        self.spec_stats.observe_proposal(room, min(len(proposed), room))
+        req.spec_token_ids = list(proposed[:room]) if room > 0 and proposed else ()
 
     def _append_tokens(self, req: Request, tokens, now: float) -> bool:
         """Append sampled tokens; True if the request has finished."""

@@ -1,10 +1,24 @@
-"""Speculative decoding's counts, as vLLM names them: each verification of a
-request's drafts (a "draft"), its draft tokens and how many were accepted, in
-total and per draft position."""
+"""Speculative decoding's counts, as vLLM names them (each verification of a
+request's drafts is a "draft"; its draft tokens, how many were accepted), in
+total and per draft position, and what the acceptance model of the simulator
+is measured from: per position, how often a proposer drafts there and how
+often a draft token there is accepted."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+
+def _count(counts: list[int], n: int) -> None:
+    """Add one to ``counts[0:n]``, growing it as needed."""
+    if n > len(counts):
+        counts.extend([0] * (n - len(counts)))
+    for k in range(n):
+        counts[k] += 1
+
+
+def _at(counts: list[int], k: int) -> int:
+    return counts[k] if k < len(counts) else 0
 
 
 @dataclass
@@ -12,34 +26,36 @@ class SpecDecodingStats:
     num_drafts: int = 0  # verifications of at least one draft token
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
-    # Per draft position k (0 first): drafts that had a token there, and that
-    # had it accepted (a draft's tokens are accepted up to its first rejection).
-    drafted_per_pos: list[int] = field(default_factory=list)
-    accepted_per_pos: list[int] = field(default_factory=list)
+    # Per draft position k (0 first):
+    drafted_per_pos: list[int] = field(default_factory=list)  # drafts with a token at k
+    accepted_per_pos: list[int] = field(default_factory=list)  # ... accepted (so all before)
+    verified_per_pos: list[int] = field(default_factory=list)  # ... reached: all before accepted
+    offered_per_pos: list[int] = field(default_factory=list)  # proposals with room at k, k drafted
+    proposed_per_pos: list[int] = field(default_factory=list)  # ... that drafted a token at k
 
     def observe(self, num_draft_tokens: int, num_accepted: int) -> None:
-        """One verification: ``num_accepted`` of its ``num_draft_tokens`` accepted."""
+        """One verification: ``num_accepted`` of its ``num_draft_tokens`` accepted
+        (a prefix: the first rejection ends it)."""
         if num_draft_tokens <= 0:
             return
         self.num_drafts += 1
         self.num_draft_tokens += num_draft_tokens
         self.num_accepted_tokens += num_accepted
-        grow = num_draft_tokens - len(self.drafted_per_pos)
-        if grow > 0:
-            self.drafted_per_pos.extend([0] * grow)
-            self.accepted_per_pos.extend([0] * grow)
-        for k in range(num_draft_tokens):
-            self.drafted_per_pos[k] += 1
-        for k in range(num_accepted):
-            self.accepted_per_pos[k] += 1
+        _count(self.drafted_per_pos, num_draft_tokens)
+        _count(self.accepted_per_pos, num_accepted)
+        _count(self.verified_per_pos, min(num_draft_tokens, num_accepted + 1))
+
+    def observe_proposal(self, room: int, num_proposed: int) -> None:
+        """After a sampled token: room for ``room`` drafts, ``num_proposed`` proposed."""
+        _count(self.offered_per_pos, min(room, num_proposed + 1))
+        _count(self.proposed_per_pos, num_proposed)
 
     def merge(self, other: SpecDecodingStats) -> None:
-        for k, (d, a) in enumerate(zip(other.drafted_per_pos, other.accepted_per_pos, strict=True)):
-            if k == len(self.drafted_per_pos):
-                self.drafted_per_pos.append(0)
-                self.accepted_per_pos.append(0)
-            self.drafted_per_pos[k] += d
-            self.accepted_per_pos[k] += a
+        for name in ("drafted", "accepted", "verified", "offered", "proposed"):
+            mine, theirs = getattr(self, f"{name}_per_pos"), getattr(other, f"{name}_per_pos")
+            mine.extend([0] * (len(theirs) - len(mine)))
+            for k, n in enumerate(theirs):
+                mine[k] += n
         self.num_drafts += other.num_drafts
         self.num_draft_tokens += other.num_draft_tokens
         self.num_accepted_tokens += other.num_accepted_tokens
@@ -54,14 +70,27 @@ class SpecDecodingStats:
         """Tokens a verification yields on average: 1 + accepted / drafts."""
         return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
 
-    def conditional_rates(self) -> list[float]:
-        """Per position k: P(draft token k accepted | tokens before it accepted)
-        (the acceptance model's table)."""
-        out = []
-        for k, drafted in enumerate(self.drafted_per_pos):
-            reached = drafted if k == 0 else min(drafted, self.accepted_per_pos[k - 1])
-            out.append(self.accepted_per_pos[k] / reached if reached else 0.0)
-        return out
+    def table(self) -> list[dict[str, float | int]]:
+        """The acceptance model's table, per draft position k: ``proposal_rate``,
+        P(the proposer drafts a token at k | room for it and a token at k - 1), and
+        ``acceptance_rate``, P(the token at k accepted | the ones before it
+        accepted), with the counts behind both."""
+        rows = []
+        for k in range(max(len(self.offered_per_pos), len(self.drafted_per_pos))):
+            offered, proposed = _at(self.offered_per_pos, k), _at(self.proposed_per_pos, k)
+            verified, accepted = _at(self.verified_per_pos, k), _at(self.accepted_per_pos, k)
+            rows.append(
+                dict(
+                    position=k,
+                    offered=offered,
+                    proposed=proposed,
+                    proposal_rate=proposed / offered if offered else 0.0,
+                    verified=verified,
+                    accepted=accepted,
+                    acceptance_rate=accepted / verified if verified else 0.0,
+                )
+            )
+        return rows
 
     def metrics(self) -> dict[str, float | int | list[float]]:
         """The ``spec_*`` fields of ``metrics.json``."""
@@ -71,8 +100,9 @@ class SpecDecodingStats:
             "spec_num_accepted_tokens": self.num_accepted_tokens,
             "spec_acceptance_rate": self.acceptance_rate,
             "spec_mean_acceptance_length": self.mean_acceptance_length,
+            # vLLM's per-position rate: accepted at k over drafts with a token at k.
             "spec_acceptance_rate_per_pos": [
-                a / d if d else 0.0
-                for a, d in zip(self.accepted_per_pos, self.drafted_per_pos, strict=True)
+                _at(self.accepted_per_pos, k) / d if d else 0.0
+                for k, d in enumerate(self.drafted_per_pos)
             ],
         }

@@ -119,6 +119,7 @@ def build_engine(
         enable_chunked_prefill=args.enable_chunked_prefill,
         long_prefill_token_threshold=args.long_prefill_token_threshold,
         reserve_full_isl=args.reserve_full_isl,
+        num_speculative_tokens=speculative.num_speculative_tokens if speculative else 0,
         num_lookahead_tokens=speculative.num_lookahead_tokens if speculative else 0,
     )
     kv = KVCacheManager(blocks, args.block_size, args.enable_prefix_caching)

@@ -296,6 +296,31 @@ def test_speculative_decoding_budget_lookahead_and_rollback():
     assert r.num_draft_tokens == 3 and r.num_accepted_tokens == 1
 
 
+def test_drafts_are_kept_up_to_the_policys_cap_and_the_requests_end_and_counted():
+    class HalfUnderLoad(FCFS):
+        def draft_cap(self, request):
+            return 1 if request.request_id == "r1" else None
+
+    s = create_scheduler(HalfUnderLoad(), num_speculative_tokens=3, max_num_batched_tokens=64)
+    a, b = create_requests(2, prompt_len=4, output_len=4)
+    s.add_request(a, 0)
+    s.add_request(b, 0)
+    so = s.schedule(0)
+    proposed = {"r0": [5, 6, 7, 8], "r1": [5, 6, 7]}  # r0's fourth is past k
+    s.update_from_output(so, ExecutorOutput([[7], [7]], draft_token_ids=proposed), 0)
+    assert a.spec_token_ids == [5, 6] and b.spec_token_ids == [5]  # r0: 2 to its end
+    stats = s.spec_stats
+    assert stats.offered_per_pos == [2, 1] and stats.proposed_per_pos == [2, 1]
+    so = s.schedule(0)
+    assert so.spec_token_ids == {"r0": [5, 6], "r1": [5]}
+    s.update_from_output(so, ExecutorOutput([[5, 9], [4]]), 0)  # r0: 1 of 2, r1: 0 of 1
+    assert stats.num_drafts == 2 and stats.num_draft_tokens == 3
+    assert stats.num_accepted_tokens == 1 and stats.mean_acceptance_length == 1.5
+    assert stats.drafted_per_pos == [2, 1] and stats.accepted_per_pos == [1]
+    assert stats.verified_per_pos == [2, 1]
+    assert [row["acceptance_rate"] for row in stats.table()] == [0.5, 0.0]
+
+
 def test_budget_cuts_drafts_not_the_request():
     s = create_scheduler(num_lookahead_tokens=4, max_num_batched_tokens=3)
     (r,) = create_requests(1, prompt_len=3, output_len=20)
