@@ -16,11 +16,14 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, OmegaConf
 
 from policies import policy_class
+from testbed.config_schema import vllm_fields
 from testbed.core import SchedulerConfig
 from testbed.engine.args import EngineArgs
+from testbed.engine.spec_config import SpeculativeConfig
 from testbed.errors import InputError
 from testbed.hardware import HardwareSpec
 from testbed.models import PROJECT_ROOT, ModelSpec, ResolvedModel, num_kv_blocks, resolve_model
+from testbed.sim.acceptance import AcceptanceModel, acceptance_table_path
 from testbed.sim.latency import LatencyModel
 from testbed.sim.predictor import make_latency_model
 from testbed.sim.speed import SpeedTrace
@@ -90,6 +93,7 @@ def kv_blocks(
 
 
 def scheduler_config(engine: Mapping[str, Any], max_model_len: int) -> SchedulerConfig:
+    spec = speculative_config(engine)
     return SchedulerConfig(
         max_num_batched_tokens=engine["max_num_batched_tokens"],
         max_num_seqs=engine["max_num_seqs"],
@@ -97,8 +101,37 @@ def scheduler_config(engine: Mapping[str, Any], max_model_len: int) -> Scheduler
         enable_chunked_prefill=engine["enable_chunked_prefill"],
         long_prefill_token_threshold=engine["long_prefill_token_threshold"],
         reserve_full_isl=engine["reserve_full_isl"],
-        num_lookahead_tokens=engine["num_speculative_tokens"],
+        num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
+        num_lookahead_tokens=spec.num_lookahead_tokens if spec else 0,
     )
+
+
+def acceptance_model(cfg: DictConfig, spec: ModelSpec) -> AcceptanceModel | None:
+    """The simulator's acceptance model of ``engine.speculative`` (None: off): its
+    table (a path, or ``auto``: the one beside the profiles), else its one rate."""
+    speculative = speculative_config(cfg.engine)
+    if speculative is None:
+        return None
+    options, k = cfg.engine.speculative, speculative.num_speculative_tokens
+    table = options.acceptance_table
+    if table == "auto":
+        path = acceptance_table_path(
+            in_project(cfg.profiles_dir), hardware_spec(cfg).name, spec.name, speculative.method
+        )
+        if not path.exists():
+            raise InputError(
+                f"engine.speculative.acceptance_table=auto: no table at {path} (a real run "
+                "with this method writes one as spec_acceptance.csv; copy it there)"
+            )
+        return AcceptanceModel.from_csv(path, k)
+    if table:
+        return AcceptanceModel.from_csv(Path(table).resolve(), k)
+    return AcceptanceModel.constant(k, options.acceptance_rate)
+
+
+def speculative_config(engine: Mapping[str, Any]) -> SpeculativeConfig | None:
+    """``engine.speculative`` as vLLM's ``speculative_config`` (None: off)."""
+    return SpeculativeConfig.of(vllm_fields(engine["speculative"]))
 
 
 def policy_config(cfg: DictConfig) -> dict[str, Any]:
@@ -130,6 +163,7 @@ def engine_args(cfg: DictConfig) -> EngineArgs:
         enable_chunked_prefill=e.enable_chunked_prefill,
         long_prefill_token_threshold=e.long_prefill_token_threshold,
         reserve_full_isl=e.reserve_full_isl,
+        speculative_config=vllm_fields(e.speculative) if e.speculative.method else None,
         max_model_len=e.max_model_len,
         num_kv_blocks=e.num_kv_blocks,
         kv_cache_bytes=e.kv_cache_bytes or cfg.hardware.kv_cache_bytes,

@@ -24,11 +24,32 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from policies import REGISTRY, policy_class
 from policies.routers import ROUTERS
+from testbed.engine.spec_config import SpeculativeConfig
 from testbed.errors import InputError
 from testbed.hardware import HardwareSpec
 from testbed.models import PROJECT_ROOT
 
 # --- engine and cluster ---
+
+
+@dataclass
+class SpeculativeOptions:
+    """Speculative decoding (vLLM's ``speculative_config``; ``method: null`` is off).
+    The first six fields are vLLM's (``testbed.engine.spec_config``); the last two
+    are the simulator's acceptance model."""
+
+    method: str | None = None  # ngram | draft_model
+    num_speculative_tokens: int = 3
+    prompt_lookup_min: int = 1
+    prompt_lookup_max: int = 4
+    model: str | None = None  # draft_model: an HF folder or a conf/model name
+    draft_num_layers: int | None = None  # draft_model: its first N layers only
+    # mode=sim: each draft token accepted with this probability (the ones before it
+    # accepted), every step drafting k tokens; or a measured per-position table
+    # (a real run's spec_acceptance.csv), "auto" for the one beside the profiles,
+    # profiles/<hardware>/<model>.spec.<method>.csv.
+    acceptance_rate: float = 0.7
+    acceptance_table: str | None = None
 
 
 @dataclass
@@ -48,9 +69,7 @@ class EngineConfig:
     num_kv_blocks: int | None = None  # None: derived from memory (the same formula in both modes)
     gpu_memory_utilization: float = 0.9
     kv_cache_bytes: float | None = None  # a fixed KV budget; None: the hardware's or its memory
-    # Speculative decoding (simulated acceptance in mode=sim).
-    num_speculative_tokens: int = 0
-    spec_acceptance_rate: float = 0.7
+    speculative: SpeculativeOptions = field(default_factory=SpeculativeOptions)
     # The real engine's attention: auto (Triton on CUDA, else torch) | triton | torch.
     attention_backend: str = "auto"
 
@@ -162,6 +181,14 @@ globals().update({node.__name__: node for node in POLICY_OPTIONS.values()})
 # --- checks a type cannot express ---
 
 
+def vllm_fields(speculative) -> dict[str, Any]:
+    """``engine.speculative``'s fields that vLLM's ``speculative_config`` has."""
+    names = {f.name for f in dataclasses.fields(SpeculativeConfig)}
+    if isinstance(speculative, DictConfig):
+        speculative = OmegaConf.to_container(speculative)
+    return {k: v for k, v in speculative.items() if k in names}
+
+
 # (group, field) -> (check, what is allowed); None passes where the field is optional.
 def _positive(x) -> bool:
     return x is None or x > 0
@@ -180,8 +207,6 @@ RANGES: dict[tuple[str, str], tuple[Any, str]] = {
     ("engine", "num_kv_blocks"): (_at_least(1), "null or an integer >= 1"),
     ("engine", "gpu_memory_utilization"): (lambda x: 0 < x <= 1, "in (0, 1]"),
     ("engine", "kv_cache_bytes"): (_positive, "null or > 0"),
-    ("engine", "num_speculative_tokens"): (_at_least(0), "an integer >= 0"),
-    ("engine", "spec_acceptance_rate"): (lambda x: 0 <= x <= 1, "in [0, 1]"),
     ("engine", "attention_backend"): (
         lambda x: x in ("auto", "triton", "torch"),
         "auto, triton or torch",
@@ -220,6 +245,15 @@ def validate(cfg: DictConfig) -> None:
     for (group, key), (ok, allowed) in RANGES.items():
         if key in cfg[group] and not ok(cfg[group][key]):
             raise InputError(f"{group}.{key}={cfg[group][key]}: must be {allowed}")
+    spec = cfg.engine.speculative
+    if not 0 <= spec.acceptance_rate <= 1:
+        raise InputError(
+            f"engine.speculative.acceptance_rate={spec.acceptance_rate}: must be in [0, 1]"
+        )
+    try:
+        SpeculativeConfig.of(vllm_fields(spec))
+    except ValueError as e:
+        raise InputError(str(e).replace("speculative_config.", "engine.speculative.")) from e
     for group in ("trace", "policy"):
         if missing := sorted(OmegaConf.missing_keys(cfg[group])):
             raise InputError(f"{group}={cfg[group].name} needs {missing[0]}=<value>")

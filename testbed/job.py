@@ -33,6 +33,7 @@ from testbed.report.rundir import (
     write_idle_probe,
     write_metrics,
     write_reference_probe,
+    write_spec_acceptance,
     write_tables,
 )
 from testbed.report.wandb_log import log_run, logged_config, wandb_settings
@@ -171,6 +172,8 @@ def write_run_dir(
         write_idle_probe(run_dir, result.extra["idle_probe"])
     if result.extra.get("reference_probe") is not None:
         write_reference_probe(run_dir, result.extra["reference_probe"])
+    if result.extra.get("spec_acceptance") is not None:
+        write_spec_acceptance(run_dir, result.extra["spec_acceptance"])
     title = f"{metrics['policy']} on {cfg.trace.name}"
     plots = write_plots(run_dir, req_df, result.steps, title) if cfg.plots else []
     write_metrics(run_dir, metrics)

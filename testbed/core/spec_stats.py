@@ -60,6 +60,14 @@ class SpecDecodingStats:
         self.num_draft_tokens += other.num_draft_tokens
         self.num_accepted_tokens += other.num_accepted_tokens
 
+    @classmethod
+    def merged(cls, parts) -> SpecDecodingStats:
+        """The counts of several engines (replicas) together."""
+        total = cls()
+        for part in parts:
+            total.merge(part)
+        return total
+
     @property
     def acceptance_rate(self) -> float:
         """Accepted over draft tokens."""

@@ -188,7 +188,4 @@ def summarize(result: RunResult, df: pd.DataFrame | None = None) -> dict[str, fl
     asked = df.groupby("tenant")[["prompt_tokens", "output_tokens"]].sum().sum(axis=1)
     served = done.groupby("tenant")[["prompt_tokens", "output_tokens"]].sum().sum(axis=1)
     m["tenant_service_jain"] = _jain((served.reindex(asked.index).fillna(0) / asked).to_numpy())
-    drafts = int(df["draft_tokens"].sum())
-    if drafts:
-        m["spec_acceptance_rate"] = float(df["accepted_tokens"].sum() / drafts)
     return m

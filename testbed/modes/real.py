@@ -66,6 +66,10 @@ def run_real(
         "partial": result.partial,
         "stop_reason": result.stop_reason,
     }
+    if args.speculative_config is not None:
+        stats = engine.scheduler.spec_stats
+        extra.update(stats.metrics())
+        result.extra["spec_acceptance"] = stats.table()  # spec_acceptance.csv
     extra.update(speed_vs_profile(cfg, spec, result.steps))
     return result, extra
 

@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 from policies import make_policy
 from policies.routers import make_router
 from testbed.build import (
+    acceptance_model,
     hardware_spec,
     kv_blocks,
     latency_model,
@@ -20,6 +21,7 @@ from testbed.build import (
     speed_trace,
 )
 from testbed.core import EngineCore, KVCacheManager, Request, Scheduler
+from testbed.core.spec_stats import SpecDecodingStats
 from testbed.metrics import RunResult
 from testbed.models import ModelSpec
 from testbed.sim.executor import SimExecutor
@@ -43,6 +45,7 @@ def simulate(
     )
     max_len = engine.max_model_len or spec.max_position_embeddings
     policy = policy_config(cfg)
+    acceptance = acceptance_model(cfg, spec)
     engines: list[EngineCore] = []
 
     def make_engine(i: int, clock) -> EngineCore:
@@ -50,8 +53,7 @@ def simulate(
         sched = Scheduler(scheduler_config(engine, max_len), kv, make_policy(policy))
         executor = SimExecutor(
             latency,
-            engine.num_speculative_tokens,
-            engine.spec_acceptance_rate,
+            acceptance,
             seed=cfg.seed + i,
             speed=speed,
             clock=clock,
@@ -86,4 +88,8 @@ def simulate(
         "partial": result.partial,
         "stop_reason": result.stop_reason,
     }
+    if acceptance is not None:
+        stats = SpecDecodingStats.merged(e.scheduler.spec_stats for e in engines)
+        extra.update(spec_acceptance_model=acceptance.source, **stats.metrics())
+        result.extra["spec_acceptance"] = stats.table()  # spec_acceptance.csv
     return result, extra

@@ -69,6 +69,16 @@ def write_reference_probe(run_dir: Path, table: pd.DataFrame) -> None:
     table.to_csv(run_dir / "reference_probe.csv", index=False, float_format="%.6g")
 
 
+def write_spec_acceptance(run_dir: Path, table: list[dict]) -> None:
+    """``spec_acceptance.csv``: speculative decoding per draft position (the
+    simulator's acceptance model reads it: ``engine.speculative.acceptance_table``)."""
+    columns = ["position", "offered", "proposed", "proposal_rate", "verified", "accepted",
+               "acceptance_rate"]  # fmt: skip
+    pd.DataFrame(table, columns=columns).to_csv(
+        run_dir / "spec_acceptance.csv", index=False, float_format="%.6g"
+    )
+
+
 CLAIM = ".run"  # created when a run starts in a folder, so that no second run writes there
 SWEEP_ID = "TESTBED_SWEEP_ID"  # set by the sweep summary for its jobs (report/sweep.py)
 

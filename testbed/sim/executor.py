@@ -6,6 +6,8 @@ import random
 from collections.abc import Callable
 
 from testbed.core import ExecutorOutput, SchedulerOutput
+from testbed.core.request import STAND_IN_TOKEN
+from testbed.sim.acceptance import AcceptanceModel
 from testbed.sim.latency import LatencyModel, step_features
 from testbed.sim.speed import SpeedTrace
 
@@ -13,10 +15,11 @@ from testbed.sim.speed import SpeedTrace
 class SimExecutor:
     """Predicts each step's latency; "samples" stand-in tokens.
 
-    With ``num_speculative_tokens > 0`` it also proposes that many stand-in
-    drafts after every sampled token and accepts each draft with probability
-    ``acceptance_rate`` (stopping at the first rejection, as verification does),
-    seeded, so that speculative decoding's effect on the schedule is simulated.
+    With an acceptance model (speculative decoding), it also drafts stand-in
+    tokens after every sampled token and accepts a prefix of each request's
+    verified drafts, as the model says (:mod:`testbed.sim.acceptance`), so that
+    speculation's effect on the schedule is simulated: the verified drafts are
+    tokens of the step like any others, for the latency model too.
 
     With a ``speed`` trace, each step's latency is also multiplied by the trace's
     factor at the step's start (``clock``: the simulation's clock).
@@ -25,8 +28,7 @@ class SimExecutor:
     def __init__(
         self,
         latency_model: LatencyModel,
-        num_speculative_tokens: int = 0,
-        acceptance_rate: float = 0.0,
+        acceptance: AcceptanceModel | None = None,
         seed: int = 0,
         speed: SpeedTrace | None = None,
         clock: Callable[[], float] | None = None,
@@ -35,28 +37,36 @@ class SimExecutor:
             raise ValueError("a speed trace needs the simulation's clock")
         self.latency_model = latency_model
         self.speed, self.clock = speed, clock
-        self.num_spec = num_speculative_tokens
-        self.acceptance_rate = acceptance_rate
-        self.rng = random.Random(seed)
+        self.acceptance = acceptance
+        self.seed = seed
+        self._rngs: dict[str, random.Random] = {}  # each request's own, while it runs
+
+    def _rng(self, request_id: str) -> random.Random:
+        rng = self._rngs.get(request_id)
+        if rng is None:
+            rng = self._rngs[request_id] = random.Random(f"{self.seed}:{request_id}")
+        return rng
 
     def execute(self, so: SchedulerOutput) -> ExecutorOutput:
         latency = self.latency_model.predict(*step_features(so))
         if self.speed is not None:
             latency *= self.speed.at(self.clock())
-        if not self.num_spec:
+        model = self.acceptance
+        if model is None:
             return ExecutorOutput(latency_s=latency)
+        for rid in so.finished_req_ids:
+            self._rngs.pop(rid, None)
         accepted, drafts = {}, {}
         for i, req in enumerate(so.requests):
             if not so.samples(i):
                 continue
             rid = req.request_id
-            n = 0
-            for _ in so.spec_token_ids.get(rid, ()):
-                if self.rng.random() >= self.acceptance_rate:
-                    break
-                n += 1
+            rng = self._rng(rid)
+            n = model.num_accepted(rng, len(so.spec_token_ids.get(rid, ())))
             accepted[rid] = n
-            drafts[rid] = [0] * self.num_spec
+            # Room before the request's end after this step's 1 + n tokens.
+            room = min(model.k, req.max_num_tokens - req.num_tokens - n - 2)
+            drafts[rid] = [STAND_IN_TOKEN] * model.num_drafts(rng, room)
         return ExecutorOutput(
             latency_s=latency, num_accepted_drafts=accepted, draft_token_ids=drafts
         )
