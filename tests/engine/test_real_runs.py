@@ -191,3 +191,31 @@ def test_a_finished_real_run_leaves_no_engine_alive(tmp_path, monkeypatch):
     assert len(built) >= 2  # each run's engine (and the idle probe's)
     alive = [i for i, refs in enumerate(built) for r in refs if r() is not None]
     assert not alive, f"engines still referenced after their runs: {alive}"
+
+
+def test_a_real_runs_measured_acceptance_round_trips_through_a_simulation(tmp_path):
+    """A real run with n-gram speculation on stories260K writes its acceptance
+    table; a simulation of the same workload that reads it drafts and accepts at
+    the same rates, within four standard errors of the two runs' counts."""
+    import math
+
+    model = "model=tinystories-260k"
+    spec = ["engine.speculative.method=ngram", "engine.speculative.num_speculative_tokens=3"]
+    base = ["trace.num_requests=16", "trace.rate=8", "logging=disabled", "progress=false", model]
+    real = run_from_config(compose_cfg("mode=real", *base, *spec), tmp_path / "real")
+    table = tmp_path / "real" / "spec_acceptance.csv"
+    assert real["spec_num_drafts"] > 0 and table.exists()
+    sim = run_from_config(
+        compose_cfg("mode=sim", *base, *spec, f"engine.speculative.acceptance_table={table}"),
+        tmp_path / "sim",
+    )
+    assert sim["spec_acceptance_model"] == str(table)
+    measured = pd.read_csv(table)
+    simulated = pd.read_csv(tmp_path / "sim" / "spec_acceptance.csv")
+    for (_, a), (_, b) in zip(measured.iterrows(), simulated.iterrows(), strict=True):
+        for rate, n in (("proposal_rate", "offered"), ("acceptance_rate", "verified")):
+            p = a[rate]
+            if a[n] == 0 or b[n] == 0 or p in (0.0, 1.0):
+                continue
+            se = math.sqrt(p * (1 - p) * (1 / a[n] + 1 / b[n]))
+            assert abs(b[rate] - p) < 4 * se, (rate, a.position, p, b[rate])

@@ -1,0 +1,105 @@
+"""Speculative decoding in the simulator: the acceptance model, its table, and
+the same results with the fast path on and off."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pandas as pd
+import pytest
+
+from policies import make_policy
+from testbed.core import KVCacheManager, Scheduler, SchedulerConfig
+from testbed.core.engine import EngineCore
+from testbed.errors import InputError
+from testbed.job import run_from_config
+from testbed.sim.acceptance import AcceptanceModel
+from testbed.sim.executor import SimExecutor
+from testbed.sim.simulator import Simulation
+from tests.sim.helpers import compose_cfg, latency_model, observable, random_requests
+
+
+def write_table(path, rows, header="position,proposal_rate,acceptance_rate"):
+    path.write_text(header + "\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def test_a_table_gives_each_positions_rates_and_nothing_past_its_rows(tmp_path):
+    path = write_table(tmp_path / "t.csv", ["0,0.5,0.8", "1,1,0.25"])
+    model = AcceptanceModel.from_csv(path, k=3)
+    assert model.proposal_rates == [0.5, 1.0, 0.0] and model.acceptance_rates == [0.8, 0.25, 0.0]
+    rng = random.Random(0)
+    lengths = [model.num_drafts(rng, 3) for _ in range(4000)]
+    assert max(lengths) == 2 and abs(lengths.count(0) / 4000 - 0.5) < 0.03
+    assert model.num_drafts(rng, 0) == 0
+    accepted = [model.num_accepted(rng, 2) for _ in range(4000)]
+    assert abs(accepted.count(0) / 4000 - 0.2) < 0.03  # first rejected: 1 - 0.8
+    assert abs(accepted.count(2) / 4000 - 0.8 * 0.25) < 0.03
+
+
+@pytest.mark.parametrize(
+    "rows, header, message",
+    [
+        (["0,0.5,0.8", "2,1,0.25"], None, "line 3: position=2, expected 1"),
+        (["0,0.5,high"], None, "line 2: acceptance_rate='high' is not a number"),
+        (["0,1.5,0.8"], None, "line 2: proposal_rate=1.5 is not in"),
+        (["0,0.8"], "position,acceptance_rate", "needs the column(s) proposal_rate"),
+    ],
+)
+def test_a_bad_table_is_refused_naming_file_line_and_field(tmp_path, rows, header, message):
+    path = write_table(tmp_path / "bad.csv", rows, *([header] if header else []))
+    with pytest.raises(InputError, match="bad.csv") as err:
+        AcceptanceModel.from_csv(path, k=2)
+    assert message in str(err.value)
+
+
+def simulate_spec(requests, fast_forward, acceptance):
+    lat = latency_model()
+
+    def make_engine(i, clock):
+        cfg = SchedulerConfig(
+            max_num_batched_tokens=2048, max_num_seqs=64, max_model_len=8192,
+            num_speculative_tokens=acceptance.k,
+        )  # fmt: skip
+        sched = Scheduler(cfg, KVCacheManager(4000, 16, True), make_policy("fcfs"))
+        return EngineCore(sched, SimExecutor(lat, acceptance, seed=i), clock)
+
+    sim = Simulation(requests, make_engine, lat, fast_forward=fast_forward, keep_tokens=True)
+    return sim.run()
+
+
+def test_speculation_gives_the_same_results_with_the_fast_path_on_and_off():
+    """The fast path steps every step while requests speculate."""
+    model = AcceptanceModel([1.0, 0.9, 0.8], [0.7, 0.6, 0.5], "test")
+    fast = simulate_spec(random_requests(120), True, model)
+    slow = simulate_spec(random_requests(120), False, model)
+    assert observable(fast.requests) == observable(slow.requests)
+    assert fast.steps.to_frame().equals(slow.steps.to_frame())
+    assert sum(r.num_accepted_tokens for r in fast.requests) > 0
+
+
+def test_a_simulation_reproduces_the_rates_of_the_table_it_reads(tmp_path):
+    """A table in, a simulation, the table it measured out: each rate within four
+    standard errors of the one it read."""
+    path = write_table(tmp_path / "t.csv", ["0,0.6,0.7", "1,0.9,0.5", "2,0.8,0.4"])
+    overrides = [
+        "mode=sim", "trace.num_requests=300", "logging=disabled", "progress=false",
+        "engine.speculative.method=ngram", "engine.speculative.num_speculative_tokens=3",
+        f"engine.speculative.acceptance_table={path}",
+    ]  # fmt: skip
+    run_from_config(compose_cfg(*overrides), tmp_path / "run")
+    out = pd.read_csv(tmp_path / "run" / "spec_acceptance.csv")
+    for k, (p, a) in enumerate([(0.6, 0.7), (0.9, 0.5), (0.8, 0.4)]):
+        row = out.iloc[k]
+        assert abs(row.proposal_rate - p) < 4 * math.sqrt(p * (1 - p) / row.offered), row
+        assert abs(row.acceptance_rate - a) < 4 * math.sqrt(a * (1 - a) / row.verified), row
+
+
+def test_engine_speculative_is_checked_at_start_naming_the_field(tmp_path):
+    bad = ["mode=sim", "engine.speculative.method=ngram", "engine.speculative.prompt_lookup_min=0"]
+    with pytest.raises(InputError, match="engine.speculative.prompt_lookup_min"):
+        run_from_config(compose_cfg(*bad), tmp_path / "run")
+    with pytest.raises(InputError, match="acceptance_table=auto: no table at"):
+        auto = ["mode=sim", "engine.speculative.method=ngram", "engine.speculative.acceptance_table=auto"]
+        run_from_config(compose_cfg(*auto, "logging=disabled"), tmp_path / "run2")
