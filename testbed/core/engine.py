@@ -57,6 +57,8 @@ class StepResult:
     kv_tokens: int = 0  # K/V entries the step's attention reads (SchedulerOutput.features)
     attn_pairs: float = 0.0  # (query, key) pairs it computes
     max_kv: int = 0  # the most K/V entries one request reads
+    num_draft_tokens: int = 0  # speculative decoding: drafts verified in the step
+    num_accepted_tokens: int = 0  # ... and accepted
     finished: list[Request] = field(default_factory=list)
     scheduler_output: SchedulerOutput | None = None
 
@@ -147,6 +149,8 @@ class EngineCore:
             kv_tokens=kv,
             attn_pairs=pairs,
             max_kv=max_kv,
+            num_draft_tokens=sum(map(len, out.spec_token_ids.values())) if out.spec_token_ids else 0,
+            num_accepted_tokens=sched.num_accepted_last_step,
             finished=finished,
             scheduler_output=out,
         )

@@ -38,6 +38,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}  # every unfinished request
         self.num_preemptions = 0
         self.spec_stats = SpecDecodingStats()
+        self.num_accepted_last_step = 0  # draft tokens the last update accepted
         self._step_id = 0
         self._arrivals = 0
         self._finished_ids: list[str] = []  # for the executor, in the next output
@@ -381,6 +382,7 @@ class Scheduler:
         accepted = result.num_accepted_drafts
         drafts = result.draft_token_ids
         spec_k = self.config.num_speculative_tokens
+        self.num_accepted_last_step = 0
         finished = self._newly_finished
         self._newly_finished = []
         for i, req in enumerate(out.requests):
@@ -405,6 +407,7 @@ class Scheduler:
                     req.num_draft_tokens += n_spec
                     req.num_accepted_tokens += len(tokens) - 1
                     self.spec_stats.observe(n_spec, len(tokens) - 1)
+                    self.num_accepted_last_step += len(tokens) - 1
                     req.spec_token_ids = ()
             if samples:
                 if self._append_tokens(req, tokens, now):

@@ -30,6 +30,8 @@ INT_COLUMNS = (
     "num_waiting",
     "num_running",
     "num_preempted",
+    "num_draft_tokens",
+    "num_accepted_tokens",
 )
 ORDER = (
     "replica",
@@ -45,6 +47,8 @@ ORDER = (
     "kv_tokens",
     "attn_pairs",
     "max_kv",
+    "num_draft_tokens",
+    "num_accepted_tokens",
 )
 
 
@@ -112,6 +116,8 @@ class StepLog:
         kv_tokens: float = 0.0,
         attn_pairs: float = 0.0,
         max_kv: float = 0.0,
+        num_draft_tokens: int = 0,
+        num_accepted_tokens: int = 0,
     ) -> None:
         f = self._floats
         f["start_s"].append(start_s)
@@ -129,6 +135,8 @@ class StepLog:
             num_waiting,
             num_running,
             num_preempted,
+            num_draft_tokens,
+            num_accepted_tokens,
         )
         if len(f["start_s"]) >= self.spill_rows:
             self._spill()
@@ -149,9 +157,13 @@ class StepLog:
             res.kv_tokens,
             res.attn_pairs,
             res.max_kv,
+            res.num_draft_tokens,
+            res.num_accepted_tokens,
         )
 
-    def _run(self, n, replica, reqs, prefill, decode, waiting, running, preempted) -> None:
+    def _run(
+        self, n, replica, reqs, prefill, decode, waiting, running, preempted, drafts=0, accepted=0
+    ) -> None:
         i = self._ints
         self._runs.append(n)
         i["replica"].append(replica)
@@ -161,6 +173,8 @@ class StepLog:
         i["num_waiting"].append(waiting)
         i["num_running"].append(running)
         i["num_preempted"].append(preempted)
+        i["num_draft_tokens"].append(drafts)
+        i["num_accepted_tokens"].append(accepted)
 
     def add_decode_steps(
         self,

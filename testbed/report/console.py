@@ -37,6 +37,17 @@ def print_summary(m: Mapping[str, Any]) -> None:
         low, high = m["speed_vs_profile_min"], m["speed_vs_profile_max"]
         spread = f" ({low:.3f}-{high:.3f} minute by minute)" if high > low else ""
         rows.insert(-1, ("speed vs profile", f"{speed:.3f}x its step time{spread}"))
+    if m.get("spec_num_drafts") is not None:
+        per_pos = ", ".join(f"{r:.2f}" for r in m["spec_acceptance_rate_per_pos"])
+        rows.insert(
+            -2,
+            (
+                "speculation: accepted, length",
+                f"{m['spec_acceptance_rate']:.3f} of {m['spec_num_draft_tokens']} drafts, "
+                f"{m['spec_mean_acceptance_length']:.2f} tokens per verification "
+                f"(by position: {per_pos or '-'})",
+            ),
+        )
     if m.get("top_reject_reasons"):
         rows.insert(1, ("rejected because", m["top_reject_reasons"]))
     head = f"{m['mode']} | {m['policy']} | {m['trace']} | {m['model']} on {m['hardware']}"

@@ -205,6 +205,9 @@ def test_a_real_runs_measured_acceptance_round_trips_through_a_simulation(tmp_pa
     real = run_from_config(compose_cfg("mode=real", *base, *spec), tmp_path / "real")
     table = tmp_path / "real" / "spec_acceptance.csv"
     assert real["spec_num_drafts"] > 0 and table.exists()
+    steps = pd.read_csv(tmp_path / "real" / "steps.csv")
+    assert steps.num_draft_tokens.sum() == real["spec_num_draft_tokens"]
+    assert steps.num_accepted_tokens.sum() == real["spec_num_accepted_tokens"]
     sim = run_from_config(
         compose_cfg("mode=sim", *base, *spec, f"engine.speculative.acceptance_table={table}"),
         tmp_path / "sim",
