@@ -61,8 +61,11 @@ class ModelExecutor:
         self.tables: dict[str, list[int]] = {}
         self.sampler = Sampler(device, seed)
         self.rejection_sampler = RejectionSampler(self.sampler)
-        # Proposes each sampling request's next drafts (``propose(contexts, limits)``).
+        # Proposes each sampling request's next drafts: ``propose(so, sampled, limits)``,
+        # ``draft_probs(request_id, m)``, ``forget(request_id)``.
         self.proposer = proposer
+        if hasattr(proposer, "tables"):
+            proposer.tables = self.tables  # a draft model's KV uses the target's blocks
         self.num_computed_tokens = 0  # tokens run through the model, all steps
         self.record_timings = False  # synchronize the device for exact part timings
         self.last_timings: dict[str, float] = {}
@@ -87,6 +90,8 @@ class ModelExecutor:
         for rid in so.finished_req_ids:
             self.tables.pop(rid, None)
             self.sampler.forget(rid)
+            if self.proposer is not None:
+                self.proposer.forget(rid)
         for rid in so.preempted_req_ids:
             self.tables.pop(rid, None)
         for req in so.requests:
@@ -175,8 +180,9 @@ class ModelExecutor:
             drafts = so.spec_token_ids.get(req.request_id)
             if drafts:
                 rows = logits[row : row + len(drafts) + 1]
+                probs = self.proposer.draft_probs(req.request_id, len(drafts))
                 sampled[i] = self.rejection_sampler.verify(
-                    rows, drafts, req.request_id, req.sampling_params
+                    rows, drafts, req.request_id, req.sampling_params, probs
                 )
                 row += len(drafts) + 1
             else:
@@ -195,12 +201,8 @@ class ModelExecutor:
     def _propose(self, so: SchedulerOutput, sampled: list[list[int]]) -> dict[str, list[int]]:
         """The next step's drafts of each request that sampled, no more than can be
         used before it stops at its length (prompt + output + drafts + 1 <= its end)."""
-        reqs, contexts, limits = [], [], []
-        for req, new in zip(so.requests, sampled, strict=True):
-            if not new:
-                continue
-            reqs.append(req)
-            contexts.append([*req.prompt_token_ids, *req.output_token_ids, *new])
-            limits.append(req.max_num_tokens - len(contexts[-1]) - 1)
-        proposals = self.proposer.propose(contexts, limits)
-        return {r.request_id: d for r, d in zip(reqs, proposals, strict=True) if d}
+        limits = [
+            req.max_num_tokens - (req.num_tokens + len(new)) - 1 if new else 0
+            for req, new in zip(so.requests, sampled, strict=True)
+        ]
+        return self.proposer.propose(so, sampled, limits)

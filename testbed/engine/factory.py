@@ -14,6 +14,7 @@ from policies import make_policy
 from testbed.core import EngineCore, KVCacheManager, Request, Scheduler, SchedulerConfig, WallClock
 from testbed.engine.args import CPU_KV_CACHE_BYTES, EngineArgs
 from testbed.engine.device import pick_device, pick_dtype, pin_cpus
+from testbed.engine.draft_model import DraftModelProposer, FirstLayers
 from testbed.engine.executor import ModelExecutor
 from testbed.engine.model import CausalLM
 from testbed.engine.model_config import ModelConfig
@@ -34,19 +35,44 @@ def engine_model(
     return ModelConfig.of(resolved), resolved.folder, resolved.name
 
 
-def make_proposer(speculative: SpeculativeConfig | None):
-    """The drafts' proposer of ``speculative`` (None: no speculation)."""
+def make_proposer(
+    speculative: SpeculativeConfig | None,
+    target: CausalLM,
+    target_model: tuple[ModelConfig, Path | None, str],
+    max_model_len: int,
+    num_blocks: int,
+    block_size: int,
+    backend,
+    device: torch.device,
+    seed: int,
+):
+    """The drafts' proposer of ``speculative`` (None: no speculation). A draft model
+    that is the target's own model shares its weights (its first layers)."""
     if speculative is None:
         return None
+    k = speculative.num_speculative_tokens
     if speculative.method == "ngram":
-        return NgramProposer(
-            speculative.num_speculative_tokens,
-            speculative.prompt_lookup_min,
-            speculative.prompt_lookup_max,
-        )
-    raise NotImplementedError(
-        f"speculative_config.method: {speculative.method!r} is not in the real engine yet "
-        "(only ngram is)"
+        return NgramProposer(k, speculative.prompt_lookup_min, speculative.prompt_lookup_max)
+    cfg, folder, name = engine_model(speculative.model)
+    target_cfg = target_model[0]
+
+    def refuse(field: str, why: str) -> None:
+        raise ValueError(f"speculative_config.{field}: {why}")
+
+    if cfg.vocab_size != target_cfg.vocab_size:
+        refuse("model", f"{name}'s vocabulary ({cfg.vocab_size}) is not the target's "
+                        f"({target_cfg.vocab_size})")  # fmt: skip
+    if cfg.max_model_len < max_model_len:
+        refuse("model", f"{name}'s context ({cfg.max_model_len}) is shorter than the target's "
+                        f"max_model_len ({max_model_len}): it could not draft that far")  # fmt: skip
+    layers = speculative.draft_num_layers or cfg.num_layers
+    if layers > cfg.num_layers:
+        refuse("draft_num_layers", f"{layers}, but {name} has {cfg.num_layers} layers")
+    same = (folder, name) == target_model[1:] and cfg.raw == target_cfg.raw
+    dtype = next(target.parameters()).dtype
+    base = target if same else build_model(cfg, folder, dtype, device, seed=seed)
+    return DraftModelProposer(
+        FirstLayers(base, layers), layers, k, num_blocks, block_size, backend, device, seed
     )
 
 
@@ -131,7 +157,10 @@ def build_engine(
         select_backend(args.attention_backend, device),
         device,
         args.seed,
-        proposer=make_proposer(speculative),
+        proposer=make_proposer(
+            speculative, model, (cfg, folder, name), max_len, blocks, args.block_size,
+            select_backend(args.attention_backend, device), device, args.seed,
+        ),  # fmt: skip
     )
     if device.type == "cuda":
         executor.warm_up()  # no kernel compiles inside a run's first steps

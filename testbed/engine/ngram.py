@@ -16,6 +16,8 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from testbed.core import SchedulerOutput
+
 
 class NgramProposer:
     def __init__(self, k: int, min_n: int, max_n: int) -> None:
@@ -34,7 +36,7 @@ class NgramProposer:
                 return tokens[start : start + k].tolist()
         return []
 
-    def propose(
+    def propose_many(
         self, contexts: Sequence[Sequence[int]], limits: Sequence[int]
     ) -> list[list[int]]:
         """Drafts for each context, at most ``limits[i]`` (<= k) for the i-th."""
@@ -42,3 +44,19 @@ class NgramProposer:
             self.propose_one(np.asarray(ctx, dtype=np.int64), min(self.k, lim)) if lim > 0 else []
             for ctx, lim in zip(contexts, limits, strict=True)
         ]
+
+    def propose(
+        self, so: SchedulerOutput, sampled: list[list[int]], limits: list[int]
+    ) -> dict[str, list[int]]:
+        """Drafts for each request of the step that sampled (the proposers' interface)."""
+        reqs = [(r, new, lim) for r, new, lim in zip(so.requests, sampled, limits, strict=True) if new]
+        contexts = [[*r.prompt_token_ids, *r.output_token_ids, *new] for r, new, _ in reqs]
+        drafts = self.propose_many(contexts, [lim for _, _, lim in reqs])
+        return {r.request_id: d for (r, _, _), d in zip(reqs, drafts, strict=True) if d}
+
+    def draft_probs(self, request_id: str, m: int) -> None:
+        """A point mass: n-gram drafts have no distribution."""
+        return None
+
+    def forget(self, request_id: str) -> None:
+        pass

@@ -43,7 +43,7 @@ def print_summary(m: Mapping[str, Any]) -> None:
             -2,
             (
                 "speculation: accepted, length",
-                f"{m['spec_acceptance_rate']:.3f} of {m['spec_num_draft_tokens']} drafts, "
+                f"{m['spec_acceptance_rate']:.3f} of {m['spec_num_draft_tokens']} draft tokens, "
                 f"{m['spec_mean_acceptance_length']:.2f} tokens per verification "
                 f"(by position: {per_pos or '-'})",
             ),

@@ -25,20 +25,20 @@ def test_ngram_takes_the_longest_suffix_then_its_rightmost_earlier_occurrence():
     #        0  1  2  3  4  5  6  7  8  9 10
     ctx = [5, 6, 7, 1, 5, 6, 8, 2, 9, 5, 6]
     # Suffix [9, 5, 6] never occurred; [5, 6] did at 0 and 4: the rightmost (4) proposes 8, 2, 9.
-    assert p.propose([ctx], [3]) == [[8, 2, 9]]
-    assert p.propose([ctx], [2]) == [[8, 2]]  # at most the limit
-    assert p.propose([ctx], [0]) == [[]]
+    assert p.propose_many([ctx], [3]) == [[8, 2, 9]]
+    assert p.propose_many([ctx], [2]) == [[8, 2]]  # at most the limit
+    assert p.propose_many([ctx], [0]) == [[]]
     # A longer match wins over a more recent shorter one.
     ctx = [1, 2, 3, 4, 9, 3, 7, 1, 2, 3]
-    assert p.propose([ctx], [3]) == [[4, 9, 3]]
+    assert p.propose_many([ctx], [3]) == [[4, 9, 3]]
     # Drafts stop at the end of the context.
-    assert p.propose([[4, 4]], [3]) == [[4]]
+    assert p.propose_many([[4, 4]], [3]) == [[4]]
 
 
 def test_ngram_needs_a_match_of_at_least_the_minimum():
     p = NgramProposer(k=2, min_n=2, max_n=4)
-    assert p.propose([[1, 2, 3, 4, 5, 1]], [2]) == [[]]  # [1] matches but is too short
-    assert p.propose([[1, 2, 3, 4, 5, 1, 2]], [2]) == [[3, 4]]
+    assert p.propose_many([[1, 2, 3, 4, 5, 1]], [2]) == [[]]  # [1] matches but is too short
+    assert p.propose_many([[1, 2, 3, 4, 5, 1, 2]], [2]) == [[3, 4]]
 
 
 # --- the configuration ---
