@@ -155,8 +155,8 @@ class ModelExecutor:
         drafts = None
         if sample_idx:
             sampled = self._sample(so, self.model.logits(hidden[sample_idx]))
-            if self.proposer is not None:
-                drafts = self._propose(so, sampled)
+        if self.proposer is not None:  # a draft model also follows prefill-only steps
+            drafts = self._propose(so, sampled)
         end = time.perf_counter()
         # The parts of this step, for the profiler (sampling includes the LM head).
         self.last_timings = {

@@ -170,8 +170,18 @@ def without_speculation() -> list[list[int]]:
     return [o.token_ids for o in llm.generate(repetitive_prompts(), greedy)]
 
 
+def proposer(method: str, k: int) -> dict:
+    if method == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2,
+                "prompt_lookup_max": 4}  # fmt: skip
+    # stories260K's first 4 of its 5 layers: a draft that is often, not always, right.
+    return {"method": "draft_model", "model": stories(), "num_speculative_tokens": k,
+            "draft_num_layers": 4}  # fmt: skip
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
 @pytest.mark.parametrize("k", [1, 3, 5])
-def test_greedy_outputs_with_ngram_speculation_are_those_without(without_speculation, k):
+def test_greedy_outputs_with_speculation_are_those_without(without_speculation, method, k):
     """Continuous batching, chunked prefill (a 24-token budget), prefix caching
     and preemption (a cache too small for all ten at once)."""
     llm = LLM(
@@ -180,9 +190,8 @@ def test_greedy_outputs_with_ngram_speculation_are_those_without(without_specula
         block_size=4,
         max_num_batched_tokens=24,
         max_num_seqs=8,
-        speculative_config={"method": "ngram", "num_speculative_tokens": k,
-                            "prompt_lookup_min": 2, "prompt_lookup_max": 4},
-    )  # fmt: skip
+        speculative_config=proposer(method, k),
+    )
     greedy = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
     outs = llm.generate(repetitive_prompts(), greedy)
     assert [o.token_ids for o in outs] == without_speculation
@@ -202,3 +211,46 @@ def test_sampled_requests_with_speculation_are_seeded_per_request():
     batched = llm.generate(prompts, [params] + [SamplingParams(temperature=1.0, max_tokens=32)] * 5)
     assert batched[0].token_ids == alone
     assert llm.engine.scheduler.spec_stats.num_drafts > 0
+
+
+def test_a_draft_model_that_is_the_target_drafts_what_the_target_then_accepts():
+    """All five layers of stories260K as its own draft: every draft is the target's
+    own choice, so (greedy and sampled alike) every draft token is accepted. A
+    draft whose KV fell out of step with the target's would not be."""
+    spec = {"method": "draft_model", "model": stories(), "num_speculative_tokens": 3}
+    for params in (
+        SamplingParams(temperature=0, max_tokens=30, ignore_eos=True),
+        SamplingParams(temperature=1.0, max_tokens=30, ignore_eos=True),
+    ):
+        llm = LLM(stories(), speculative_config=spec, block_size=4, max_num_batched_tokens=24)
+        llm.generate(repetitive_prompts(6, seed=2), params)
+        stats = llm.engine.scheduler.spec_stats
+        assert stats.num_draft_tokens > 100
+        assert stats.num_accepted_tokens == stats.num_draft_tokens
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ({"model": "dummy-llama"}, r"vocabulary \(32000\) is not the target's \(512\)"),
+        ({"draft_num_layers": 6}, "draft_num_layers: 6, but"),
+    ],
+)
+def test_a_draft_model_that_cannot_draft_for_the_target_is_refused(spec, message):
+    config = {"method": "draft_model", "model": stories(), "num_speculative_tokens": 2} | spec
+    with pytest.raises(ValueError, match=message):
+        LLM(stories(), speculative_config=config)
+
+
+def test_a_draft_model_with_a_shorter_context_than_the_target_is_refused(tmp_path):
+    import json
+    import shutil
+
+    short = tmp_path / "short"
+    shutil.copytree(stories(), short)
+    cfg = json.loads((short / "config.json").read_text())
+    cfg["max_position_embeddings"] = 64
+    (short / "config.json").write_text(json.dumps(cfg))
+    spec = {"method": "draft_model", "model": str(short), "num_speculative_tokens": 2}
+    with pytest.raises(ValueError, match="context \\(64\\) is shorter than the target's"):
+        LLM(stories(), speculative_config=spec)
