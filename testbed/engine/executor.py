@@ -66,6 +66,8 @@ class ModelExecutor:
         self.proposer = proposer
         if hasattr(proposer, "tables"):
             proposer.tables = self.tables  # a draft model's KV uses the target's blocks
+        self.propose_s = 0.0  # time spent proposing, all steps
+        self.num_proposals = 0  # requests asked for drafts, all steps
         self.num_computed_tokens = 0  # tokens run through the model, all steps
         self.record_timings = False  # synchronize the device for exact part timings
         self.last_timings: dict[str, float] = {}
@@ -155,14 +157,17 @@ class ModelExecutor:
         drafts = None
         if sample_idx:
             sampled = self._sample(so, self.model.logits(hidden[sample_idx]))
+        t_sampled = time.perf_counter()
         if self.proposer is not None:  # a draft model also follows prefill-only steps
             drafts = self._propose(so, sampled)
         end = time.perf_counter()
+        self.propose_s += end - t_sampled
         # The parts of this step, for the profiler (sampling includes the LM head).
         self.last_timings = {
             "prepare": t_prepared - start,
             "forward": t_forward - t_prepared,
-            "sample": end - t_forward,
+            "sample": t_sampled - t_forward,
+            "propose": end - t_sampled,
         }
         return ExecutorOutput(
             sampled_token_ids=sampled, measured_s=end - start, draft_token_ids=drafts
@@ -205,4 +210,5 @@ class ModelExecutor:
             req.max_num_tokens - (req.num_tokens + len(new)) - 1 if new else 0
             for req, new in zip(so.requests, sampled, strict=True)
         ]
+        self.num_proposals += sum(1 for lim in limits if lim > 0)
         return self.proposer.propose(so, sampled, limits)

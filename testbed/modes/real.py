@@ -69,6 +69,10 @@ def run_real(
     if args.speculative_config is not None:
         stats = engine.scheduler.spec_stats
         extra.update(stats.metrics())
+        # The proposer's time per request it drafted for (the simulator's
+        # engine.speculative.propose_s_per_request).
+        n = executor.num_proposals
+        extra["spec_propose_s_per_request"] = executor.propose_s / n if n else 0.0
         result.extra["spec_acceptance"] = stats.table()  # spec_acceptance.csv
     extra.update(speed_vs_profile(cfg, spec, result.steps))
     return result, extra

@@ -55,6 +55,7 @@ def simulate(
             latency,
             acceptance,
             seed=cfg.seed + i,
+            propose_s_per_request=engine.speculative.propose_s_per_request,
             speed=speed,
             clock=clock,
         )

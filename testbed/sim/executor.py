@@ -30,6 +30,7 @@ class SimExecutor:
         latency_model: LatencyModel,
         acceptance: AcceptanceModel | None = None,
         seed: int = 0,
+        propose_s_per_request: float = 0.0,
         speed: SpeedTrace | None = None,
         clock: Callable[[], float] | None = None,
     ) -> None:
@@ -38,6 +39,7 @@ class SimExecutor:
         self.latency_model = latency_model
         self.speed, self.clock = speed, clock
         self.acceptance = acceptance
+        self.propose_s_per_request = propose_s_per_request
         self.seed = seed
         self._rngs: dict[str, random.Random] = {}  # each request's own, while it runs
 
@@ -49,14 +51,21 @@ class SimExecutor:
 
     def execute(self, so: SchedulerOutput) -> ExecutorOutput:
         latency = self.latency_model.predict(*step_features(so))
+        model = self.acceptance
+        out = ExecutorOutput()
+        if model is not None:
+            latency += self._speculate(so, model, out)
         if self.speed is not None:
             latency *= self.speed.at(self.clock())
-        model = self.acceptance
-        if model is None:
-            return ExecutorOutput(latency_s=latency)
+        out.latency_s = latency
+        return out
+
+    def _speculate(self, so: SchedulerOutput, model: AcceptanceModel, out: ExecutorOutput) -> float:
+        """Accept each request's verified drafts and draft its next ones, as the
+        acceptance model says; the proposer's time this costs the step."""
         for rid in so.finished_req_ids:
             self._rngs.pop(rid, None)
-        accepted, drafts = {}, {}
+        accepted, drafts, proposing = {}, {}, 0
         for i, req in enumerate(so.requests):
             if not so.samples(i):
                 continue
@@ -67,6 +76,6 @@ class SimExecutor:
             # Room before the request's end after this step's 1 + n tokens.
             room = min(model.k, req.max_num_tokens - req.num_tokens - n - 2)
             drafts[rid] = [STAND_IN_TOKEN] * model.num_drafts(rng, room)
-        return ExecutorOutput(
-            latency_s=latency, num_accepted_drafts=accepted, draft_token_ids=drafts
-        )
+            proposing += room > 0
+        out.num_accepted_drafts, out.draft_token_ids = accepted, drafts
+        return proposing * self.propose_s_per_request
