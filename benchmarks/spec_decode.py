@@ -1,0 +1,180 @@
+"""Speculative decoding on the real engine, and the simulator's prediction of it.
+
+stories260K (the shared real model) on this machine, greedy, 64 output tokens
+per request, TinyStories openings as prompts, all requests of a batch at once.
+For each proposer (off; n-gram k=3; the model's own first 4 of 5 layers as its
+draft, k=3) and batch size: acceptance rate, mean acceptance length, output
+tokens per second, and speculation's speedup over no speculation in the same
+run (repeats interleaved, medians). Speculation pays while a step's cost barely
+grows with its tokens and stops where the batch saturates the machine: the
+crossover is the first batch size whose speedup is below 1.
+
+Then the same batches simulated: the profile of stories260K on this hardware
+(``--profile``; measured first with the quick grid when not given), each
+proposer's acceptance table and proposer time as the real runs measured them.
+Where the two crossovers lie is the question.
+
+    python benchmarks/spec_decode.py [--batches 1 4 16 64] [--repeats 3]
+        [--profile PATH] [--out benchmarks/results/spec_decode.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+from common import write_results
+
+from testbed.build import model_spec
+from testbed.config_schema import compose_config
+from testbed.core import Request, SamplingParams
+from testbed.core.spec_stats import SpecDecodingStats
+from testbed.engine.args import EngineArgs
+from testbed.engine.llm import LLM
+from testbed.models import models_dir
+from testbed.modes.sim import simulate
+from testbed.profiling.profiler import run_profile
+from testbed.report.rundir import write_spec_acceptance
+
+OPENINGS = [
+    "Once upon a time, there was a little girl named Lily.",
+    "One day, a big dog went to the park.",
+    "Tom had a red ball. He liked to play with it every day.",
+    "There was a small bird who lived in a tree.",
+    "Sue and her mom went to the store to buy some food.",
+    "The sun was shining and the sky was blue.",
+    "A little boy named Ben found a shiny rock.",
+    "Max the cat was very hungry.",
+]
+OUTPUT = 64
+K = 3
+PROPOSERS = {
+    "off": None,
+    "ngram": {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 2,
+              "prompt_lookup_max": 4},  # fmt: skip
+    "draft_model": {"method": "draft_model", "num_speculative_tokens": K, "draft_num_layers": 4},
+}
+
+
+def model_path() -> str:
+    return str(models_dir() / "stories260K" / "hf")
+
+
+def prompts(n: int) -> list[str]:
+    return [f"{OPENINGS[i % len(OPENINGS)]} {i}" for i in range(n)]
+
+
+def engine(name: str, batch: int) -> LLM:
+    spec = PROPOSERS[name]
+    if spec and spec["method"] == "draft_model":
+        spec = {**spec, "model": model_path()}
+    return LLM(model_path(), max_num_seqs=max(batch, 1), speculative_config=spec, threads=1)
+
+
+def measure(llm: LLM, batch: int) -> tuple[float, int]:
+    """Wall seconds of one batch, and its output tokens."""
+    params = SamplingParams(temperature=0, max_tokens=OUTPUT, ignore_eos=True)
+    start = time.perf_counter()
+    outs = llm.generate(prompts(batch), params)
+    return time.perf_counter() - start, sum(len(o.token_ids) for o in outs)
+
+
+def simulated_tok_s(profile: Path, batch: int, prompt_lens: list[int], spec: dict | None,
+                    table: Path | None, propose_s: float) -> float:  # fmt: skip
+    overrides = ["mode=sim", "model=tinystories-260k", "hardware=cpu1", "logging=disabled",
+                 "progress=false", "plots=false", f"profiles_dir={profile.parent.parent}",
+                 f"engine.max_num_seqs={max(batch, 1)}"]  # fmt: skip
+    if spec:
+        overrides += [f"engine.speculative.{k}={v}" for k, v in spec.items()]
+        if spec["method"] == "draft_model":  # the simulator only checks it is given
+            overrides.append(f"engine.speculative.model={model_path()}")
+        overrides += [f"engine.speculative.acceptance_table={table}",
+                      f"engine.speculative.propose_s_per_request={propose_s}"]  # fmt: skip
+    cfg = compose_config(overrides)
+    reqs = [
+        Request(f"b{i}", num_prompt_tokens=n, target_output_tokens=OUTPUT, arrival_time=0.0,
+                sampling_params=SamplingParams(max_tokens=None, ignore_eos=True))  # fmt: skip
+        for i, n in enumerate(prompt_lens)
+    ]
+    result, _ = simulate(cfg, reqs, model_spec(cfg.model))
+    return batch * OUTPUT / result.duration_s
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--profile", type=Path, help="stories260K's profile on this hardware (cpu1)")
+    ap.add_argument("--out", default="benchmarks/results/spec_decode.json")
+    a = ap.parse_args()
+    if not (Path(model_path()) / "config.json").exists():
+        raise SystemExit(f"stories260K not found at {model_path()} (set TESTBED_MODELS_DIR)")
+    rows = []
+    for batch in a.batches:
+        llms = {name: engine(name, batch) for name in PROPOSERS}
+        times = {name: [] for name in PROPOSERS}
+        for name, llm in llms.items():
+            measure(llm, min(batch, 2))  # warm up
+            llm.engine.scheduler.spec_stats = SpecDecodingStats()
+            llm.executor.propose_s, llm.executor.num_proposals = 0.0, 0
+        tokens = 0
+        for _ in range(a.repeats):
+            for name, llm in llms.items():
+                wall, tokens = measure(llm, batch)
+                times[name].append(wall)
+        base = statistics.median(times["off"])
+        for name, llm in llms.items():
+            stats = llm.engine.scheduler.spec_stats
+            ex = llm.executor
+            rows.append(dict(
+                batch=batch, proposer=name, wall_s=statistics.median(times[name]),
+                out_tok_s=tokens / statistics.median(times[name]),
+                speedup=base / statistics.median(times[name]),
+                acceptance_rate=stats.acceptance_rate if name != "off" else None,
+                mean_acceptance_length=stats.mean_acceptance_length if name != "off" else None,
+                propose_s_per_request=ex.propose_s / ex.num_proposals if ex.num_proposals else 0.0,
+                table=stats.table(),
+            ))  # fmt: skip
+        print(f"batch {batch}: " + ", ".join(
+            f"{r['proposer']} {r['out_tok_s']:.0f} tok/s x{r['speedup']:.2f}"
+            for r in rows if r["batch"] == batch))  # fmt: skip
+    profile = a.profile
+    if profile is None:
+        print("profiling stories260K (quick grid) for the simulator ...")
+        args = EngineArgs(model=model_path(), threads=1)
+        profile = run_profile(args, "quick", out_dir=Path("outputs/spec_decode/profiles"),
+                              hardware="cpu1", model_name="tinystories-260k")  # fmt: skip
+    tokenizer = engine("off", 1)
+    lens = [len(tokenizer._encode(p)) for p in prompts(max(a.batches))]
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in rows:
+            spec = PROPOSERS[r["proposer"]]
+            table = None
+            if spec:
+                folder = Path(tmp) / f"{r['proposer']}-{r['batch']}"
+                folder.mkdir()
+                write_spec_acceptance(folder, r["table"])
+                table = folder / "spec_acceptance.csv"
+            r["sim_out_tok_s"] = simulated_tok_s(profile, r["batch"], lens[: r["batch"]], spec,
+                                                 table, r["propose_s_per_request"])  # fmt: skip
+    for r in rows:
+        base = next(x for x in rows if x["batch"] == r["batch"] and x["proposer"] == "off")
+        r["sim_speedup"] = r["sim_out_tok_s"] / base["sim_out_tok_s"]
+    crossovers = {}
+    for name in ("ngram", "draft_model"):
+        for side, key in (("real", "speedup"), ("sim", "sim_speedup")):
+            below = [r["batch"] for r in rows if r["proposer"] == name and r[key] < 1]
+            crossovers[f"{name}_{side}"] = min(below) if below else None
+    table = pd.DataFrame([{k: v for k, v in r.items() if k != "table"} for r in rows])
+    print(table.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    print("crossover (first batch where speculation is slower):", crossovers)
+    write_results(a.out, "spec_decode", rows, model="stories260K", output_tokens=OUTPUT, k=K,
+                  repeats=a.repeats, profile=str(profile), crossovers=crossovers)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
