@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from testbed.core import SchedulerOutput
+from testbed.engine.batch import flatten, token_slice
 from testbed.engine.model import AttentionMetadata, CausalLM
 from testbed.engine.sampler import process_logits
 
@@ -96,36 +97,10 @@ class DraftModelProposer:
     def _run(self, rows) -> torch.Tensor:
         """One forward pass over ``rows`` of ``(request_id, tokens, first position)``;
         the hidden state of each row's last token."""
-        bs = self.block_size
-        tokens, positions, slots, q_start, seq_lens = [], [], [], [0], []
-        max_blocks = 1
-        for rid, toks, start in rows:
-            end = start + len(toks)
-            tokens.extend(toks)
-            pos = torch.arange(start, end)
-            table = self.tables[rid]
-            t = torch.tensor(table, dtype=torch.int64)
-            positions.append(pos)
-            slots.append(t[pos // bs] * bs + pos % bs)
-            q_start.append(q_start[-1] + len(toks))
-            seq_lens.append(end)
-            max_blocks = max(max_blocks, len(table))
-        block_tables = torch.zeros((len(rows), max_blocks), dtype=torch.int32)
-        for i, (rid, _, _) in enumerate(rows):
-            table = self.tables[rid]
-            block_tables[i, : len(table)] = torch.tensor(table, dtype=torch.int32)
-        dev = self.device
-        meta = AttentionMetadata(
-            slot_mapping=torch.cat(slots).to(dev),
-            block_tables=block_tables.to(dev),
-            query_start_loc=torch.tensor(q_start, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            max_query_len=max(len(t) for _, t, _ in rows),
-            max_seq_len=max(seq_lens),
-        )
-        ids = torch.tensor(tokens, dtype=torch.int64, device=dev)
-        hidden = self.model(ids, torch.cat(positions).to(dev), meta, self.kv_caches, self.backend)
-        self.num_computed_tokens += len(tokens)
+        batch = [(self.tables[rid], toks, start) for rid, toks, start in rows]
+        ids, positions, meta, q_start = flatten(batch, self.block_size, self.device)
+        hidden = self.model(ids, positions, meta, self.kv_caches, self.backend)
+        self.num_computed_tokens += ids.numel()
         return hidden[[q - 1 for q in q_start[1:]]]
 
     def _choose(self, logits: torch.Tensor, reqs) -> list[int]:
@@ -151,8 +126,6 @@ class DraftModelProposer:
     ) -> dict[str, list[int]]:
         """Drafts for each request that sampled (at most ``limits[i]``, <= k), after
         bringing the draft's KV up to every token the target step made certain."""
-        from testbed.engine.executor import token_slice
-
         rows, proposing, starts = [], [], []
         for i, req in enumerate(so.requests):
             ctx, n = so.context_lens[i], so.num_scheduled_tokens[i]

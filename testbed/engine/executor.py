@@ -17,20 +17,10 @@ import time
 import torch
 
 from testbed.core import ExecutorOutput, SchedulerOutput
-from testbed.engine.model import AttentionMetadata, CausalLM
+from testbed.engine.batch import flatten, token_slice
+from testbed.engine.model import CausalLM
 from testbed.engine.rejection import RejectionSampler
 from testbed.engine.sampler import Sampler
-
-
-def token_slice(req, start: int, end: int) -> list[int]:
-    """Tokens ``start:end`` of prompt + output + drafts, copying only what is needed."""
-    p = req.num_prompt_tokens
-    if end <= p:
-        return list(req.prompt_token_ids[start:end])
-    rest = req.output_token_ids + req.spec_token_ids if req.spec_token_ids else req.output_token_ids
-    if start >= p:
-        return rest[start - p : end - p]
-    return list(req.prompt_token_ids[start:]) + rest[: end - p]
 
 
 class ModelExecutor:
@@ -105,40 +95,17 @@ class ModelExecutor:
                 self.tables[rid].extend(new)
 
     def _prepare(self, so: SchedulerOutput):
-        bs = self.block_size
-        tokens: list[int] = []
-        positions, slots, q_start, seq_lens, sample_idx = [], [], [0], [], []
-        max_blocks = 1
+        rows = []
+        for req, ctx, n in zip(so.requests, so.context_lens, so.num_scheduled_tokens, strict=True):
+            rows.append((self.tables[req.request_id], token_slice(req, ctx, ctx + n), ctx))
+        ids, positions, meta, q_start = flatten(rows, self.block_size, self.device)
+        sample_idx = []
         for i, req in enumerate(so.requests):
-            ctx, n = so.context_lens[i], so.num_scheduled_tokens[i]
-            end = ctx + n
-            tokens.extend(token_slice(req, ctx, end))
-            pos = torch.arange(ctx, end)
-            table = torch.tensor(self.tables[req.request_id], dtype=torch.int64)
-            positions.append(pos)
-            slots.append(table[pos // bs] * bs + pos % bs)
-            q_start.append(q_start[-1] + n)
-            seq_lens.append(end)
-            max_blocks = max(max_blocks, len(self.tables[req.request_id]))
             if so.samples(i):
                 # The last token's logits, and each scheduled draft's before it.
                 m = len(so.spec_token_ids.get(req.request_id, ()))
-                sample_idx.extend(range(q_start[-1] - 1 - m, q_start[-1]))
-        tables = torch.zeros((len(so.requests), max_blocks), dtype=torch.int32)
-        for i, req in enumerate(so.requests):
-            t = self.tables[req.request_id]
-            tables[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
-        dev = self.device
-        meta = AttentionMetadata(
-            slot_mapping=torch.cat(slots).to(dev),
-            block_tables=tables.to(dev),
-            query_start_loc=torch.tensor(q_start, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            max_query_len=max(so.num_scheduled_tokens),
-            max_seq_len=max(seq_lens),
-        )
-        ids = torch.tensor(tokens, dtype=torch.int64, device=dev)
-        return ids, torch.cat(positions).to(dev), meta, sample_idx
+                sample_idx.extend(range(q_start[i + 1] - 1 - m, q_start[i + 1]))
+        return ids, positions, meta, sample_idx
 
     @torch.inference_mode()
     def execute(self, so: SchedulerOutput) -> ExecutorOutput:

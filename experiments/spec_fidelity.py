@@ -1,0 +1,97 @@
+"""Sim vs real with speculative decoding: one workload on stories260K, real and
+simulated, with speculation off, n-gram and the model's own first layers as its
+draft.
+
+Each real run (``mode=real``, the engine on this CPU) writes its acceptance
+table and proposer time; its simulation reads both, with the CPU profile of
+stories260K (``--profiles``, ``<dir>/<hardware>/tinystories-260k.csv``). Two
+simulations per run: from the profile as it is (the prediction), and at the
+run's measured speed against the profile (``speed_vs_profile``: this VM's speed
+moves by 10-30% within minutes, so a prediction's error is mostly the
+machine's). Errors (sim / real - 1) of throughput, mean TPOT and mean E2E.
+
+    python -m experiments.spec_fidelity --profiles profiles [--requests 150 --rate 6]
+
+Prints the table; writes ``spec_fidelity.csv``, ``spec_fidelity.json`` and
+``manifest.json`` to ``--out`` (``outputs/spec_fidelity``), the runs beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from experiments.manifest import write_manifest
+from testbed.config_schema import compose_config
+from testbed.job import run_from_config
+from testbed.models import models_dir
+
+K = 3
+METHODS = {
+    "off": [],
+    "ngram": ["engine.speculative.method=ngram", f"engine.speculative.num_speculative_tokens={K}",
+              "engine.speculative.prompt_lookup_min=2"],  # fmt: skip
+    "draft_model": ["engine.speculative.method=draft_model",
+                    f"engine.speculative.num_speculative_tokens={K}",
+                    "engine.speculative.draft_num_layers=4"],  # fmt: skip
+}
+METRICS = ("throughput_req_s", "tpot_s_mean", "e2e_s_mean")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m experiments.spec_fidelity", description=__doc__)
+    ap.add_argument("--profiles", type=Path, default=Path("profiles"))
+    ap.add_argument("--hardware", default="cpu1")
+    ap.add_argument("--requests", type=int, default=150)
+    ap.add_argument("--rate", type=float, default=6.0, help="requests per second")
+    ap.add_argument("--out", type=Path, default=Path("outputs/spec_fidelity"))
+    a = ap.parse_args(argv)
+    profile = a.profiles / a.hardware / "tinystories-260k.csv"
+    if not profile.exists():
+        raise SystemExit(f"no profile of stories260K at {profile} (python -m testbed.profiling "
+                         f"--model tinystories-260k --hardware {a.hardware} --out {a.profiles})")  # fmt: skip
+    draft = str(models_dir() / "stories260K" / "hf")
+    base = [
+        "model=tinystories-260k", f"hardware={a.hardware}", f"profiles_dir={a.profiles.resolve()}",
+        f"trace.num_requests={a.requests}", f"trace.rate={a.rate}", "logging=disabled",
+        "progress=false", "plots=false",
+    ]  # fmt: skip
+    rows = []
+    for method, spec in METHODS.items():
+        if method == "draft_model":
+            spec = [*spec, f"engine.speculative.model={draft}"]
+        real_dir = a.out / method / "real"
+        real = run_from_config(compose_config(["mode=real", *base, *spec]), real_dir)
+        sim_spec = list(spec)
+        if method != "off":
+            sim_spec += [f"engine.speculative.acceptance_table={real_dir / 'spec_acceptance.csv'}",
+                         f"engine.speculative.propose_s_per_request={real['spec_propose_s_per_request']}"]  # fmt: skip
+        speed = real.get("speed_vs_profile", 1.0)
+        for variant, extra in (("profile", []), ("own_speed", [f"mode.latency_scale={speed}"])):
+            sim = run_from_config(
+                compose_config(["mode=sim", *base, *sim_spec, *extra]), a.out / method / variant
+            )
+            row = dict(method=method, variant=variant, speed_vs_profile=speed)
+            for m in METRICS:
+                row[f"real_{m}"], row[f"sim_{m}"] = real[m], sim[m]
+                row[f"err_{m}"] = sim[m] / real[m] - 1
+            if method != "off":
+                row["real_acceptance"] = real["spec_acceptance_rate"]
+                row["sim_acceptance"] = sim["spec_acceptance_rate"]
+            rows.append(row)
+            print(f"{method:<12} {variant:<10} " + "  ".join(
+                f"{m} {row[f'err_{m}']:+.1%}" for m in METRICS), flush=True)  # fmt: skip
+    table = pd.DataFrame(rows)
+    a.out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(a.out / "spec_fidelity.csv", index=False)
+    (a.out / "spec_fidelity.json").write_text(json.dumps(rows, indent=2) + "\n")
+    write_manifest(a.out, profiles=[profile])
+    print(table.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
