@@ -32,7 +32,7 @@ from common import write_results
 from testbed.build import model_spec
 from testbed.config_schema import compose_config
 from testbed.core import Request, SamplingParams
-from testbed.core.spec_stats import SpecDecodingStats
+from testbed.core.spec_stats import ProposerTime, SpecDecodingStats
 from testbed.engine.args import EngineArgs
 from testbed.engine.llm import LLM
 from testbed.models import models_dir
@@ -84,7 +84,7 @@ def measure(llm: LLM, batch: int) -> tuple[float, int]:
 
 
 def simulated_tok_s(profile: Path, batch: int, prompt_lens: list[int], spec: dict | None,
-                    table: Path | None, propose_s: float) -> float:  # fmt: skip
+                    table: Path | None, propose_s: tuple[float, float]) -> float:  # fmt: skip
     overrides = ["mode=sim", "model=tinystories-260k", "hardware=cpu1", "logging=disabled",
                  "progress=false", "plots=false", f"profiles_dir={profile.parent.parent}",
                  f"engine.max_num_seqs={max(batch, 1)}"]  # fmt: skip
@@ -93,7 +93,8 @@ def simulated_tok_s(profile: Path, batch: int, prompt_lens: list[int], spec: dic
         if spec["method"] == "draft_model":  # the simulator only checks it is given
             overrides.append(f"engine.speculative.model={model_path()}")
         overrides += [f"engine.speculative.acceptance_table={table}",
-                      f"engine.speculative.propose_s_per_request={propose_s}"]  # fmt: skip
+                      f"engine.speculative.propose_s_per_step={propose_s[0]}",
+                      f"engine.speculative.propose_s_per_request={propose_s[1]}"]  # fmt: skip
     cfg = compose_config(overrides)
     reqs = [
         Request(f"b{i}", num_prompt_tokens=n, target_output_tokens=OUTPUT, arrival_time=0.0,
@@ -120,7 +121,7 @@ def main() -> None:
         for name, llm in llms.items():
             measure(llm, min(batch, 2))  # warm up
             llm.engine.scheduler.spec_stats = SpecDecodingStats()
-            llm.executor.propose_s, llm.executor.num_proposals = 0.0, 0
+            llm.executor.proposer_time = ProposerTime()
         tokens = 0
         for _ in range(a.repeats):
             for name, llm in llms.items():
@@ -136,7 +137,7 @@ def main() -> None:
                 speedup=base / statistics.median(times[name]),
                 acceptance_rate=stats.acceptance_rate if name != "off" else None,
                 mean_acceptance_length=stats.mean_acceptance_length if name != "off" else None,
-                propose_s_per_request=ex.propose_s / ex.num_proposals if ex.num_proposals else 0.0,
+                propose_s=ex.proposer_time.fit(),
                 table=stats.table(),
             ))  # fmt: skip
         print(f"batch {batch}: " + ", ".join(
@@ -160,7 +161,7 @@ def main() -> None:
                 write_spec_acceptance(folder, r["table"])
                 table = folder / "spec_acceptance.csv"
             r["sim_out_tok_s"] = simulated_tok_s(profile, r["batch"], lens[: r["batch"]], spec,
-                                                 table, r["propose_s_per_request"])  # fmt: skip
+                                                 table, r["propose_s"])  # fmt: skip
     for r in rows:
         base = next(x for x in rows if x["batch"] == r["batch"] and x["proposer"] == "off")
         r["sim_speedup"] = r["sim_out_tok_s"] / base["sim_out_tok_s"]

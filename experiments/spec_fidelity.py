@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         sim_spec = list(spec)
         if method != "off":
             sim_spec += [f"engine.speculative.acceptance_table={real_dir / 'spec_acceptance.csv'}",
+                         f"engine.speculative.propose_s_per_step={real['spec_propose_s_per_step']}",
                          f"engine.speculative.propose_s_per_request={real['spec_propose_s_per_request']}"]  # fmt: skip
         speed = real.get("speed_vs_profile", 1.0)
         for variant, extra in (("profile", []), ("own_speed", [f"mode.latency_scale={speed}"])):

@@ -50,8 +50,9 @@ class SpeculativeOptions:
     # profiles/<hardware>/<model>.spec.<method>.csv.
     acceptance_rate: float = 0.7
     acceptance_table: str | None = None
-    # mode=sim: the proposer's time per request it drafts for, added to each step
-    # (a real run measures it: metrics.json spec_propose_s_per_request).
+    # mode=sim: the proposer's time, per step it drafts in and per request it drafts
+    # for (a real run measures both: metrics.json spec_propose_s_per_step, _per_request).
+    propose_s_per_step: float = 0.0
     propose_s_per_request: float = 0.0
 
 
@@ -249,10 +250,9 @@ def validate(cfg: DictConfig) -> None:
         if key in cfg[group] and not ok(cfg[group][key]):
             raise InputError(f"{group}.{key}={cfg[group][key]}: must be {allowed}")
     spec = cfg.engine.speculative
-    if spec.propose_s_per_request < 0:
-        raise InputError(
-            f"engine.speculative.propose_s_per_request={spec.propose_s_per_request}: must be >= 0"
-        )
+    for name in ("propose_s_per_step", "propose_s_per_request"):
+        if spec[name] < 0:
+            raise InputError(f"engine.speculative.{name}={spec[name]}: must be >= 0")
     if not 0 <= spec.acceptance_rate <= 1:
         raise InputError(
             f"engine.speculative.acceptance_rate={spec.acceptance_rate}: must be in [0, 1]"

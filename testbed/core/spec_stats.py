@@ -114,3 +114,46 @@ class SpecDecodingStats:
                 for k, d in enumerate(self.drafted_per_pos)
             ],
         }
+
+
+@dataclass
+class ProposerTime:
+    """A proposer's time per step as ``per_step + per_request * n`` (``n``: the
+    requests it drafts for), fitted by least squares to what a real run measured:
+    a draft model's passes cost about the same for one request as for several (a
+    fixed part per step), an n-gram lookup about the same per request."""
+
+    steps: int = 0
+    _sum_n: float = 0.0
+    _sum_nn: float = 0.0
+    _sum_t: float = 0.0
+    _sum_nt: float = 0.0
+    total_s: float = 0.0
+
+    def observe(self, num_requests: int, seconds: float) -> None:
+        self.total_s += seconds
+        if num_requests <= 0:
+            return
+        self.steps += 1
+        self._sum_n += num_requests
+        self._sum_nn += num_requests * num_requests
+        self._sum_t += seconds
+        self._sum_nt += num_requests * seconds
+
+    def fit(self) -> tuple[float, float]:
+        """``(per_step, per_request)``, both >= 0."""
+        m, sn, snn, st, snt = self.steps, self._sum_n, self._sum_nn, self._sum_t, self._sum_nt
+        if m == 0:
+            return 0.0, 0.0
+        det = m * snn - sn * sn
+        if det > 0:
+            per_request = (m * snt - sn * st) / det
+            per_step = (st - per_request * sn) / m
+            if per_request >= 0 and per_step >= 0:
+                return per_step, per_request
+        # One part only: whichever of the two leaves the smaller squared error.
+        b = snt / snn  # through the origin
+        a = st / m  # a constant
+        err_b = b * b * snn - 2 * b * snt
+        err_a = a * a * m - 2 * a * st
+        return (0.0, b) if err_b <= err_a else (a, 0.0)

@@ -17,6 +17,7 @@ import time
 import torch
 
 from testbed.core import ExecutorOutput, SchedulerOutput
+from testbed.core.spec_stats import ProposerTime
 from testbed.engine.batch import flatten, token_slice
 from testbed.engine.model import CausalLM
 from testbed.engine.rejection import RejectionSampler
@@ -56,8 +57,8 @@ class ModelExecutor:
         self.proposer = proposer
         if hasattr(proposer, "tables"):
             proposer.tables = self.tables  # a draft model's KV uses the target's blocks
-        self.propose_s = 0.0  # time spent proposing, all steps
-        self.num_proposals = 0  # requests asked for drafts, all steps
+        self.proposer_time = ProposerTime()  # the proposer's time per step, for the simulator
+        self._num_proposing = 0  # requests the last step's proposer drafted for
         self.num_computed_tokens = 0  # tokens run through the model, all steps
         self.record_timings = False  # synchronize the device for exact part timings
         self.last_timings: dict[str, float] = {}
@@ -128,7 +129,8 @@ class ModelExecutor:
         if self.proposer is not None:  # a draft model also follows prefill-only steps
             drafts = self._propose(so, sampled)
         end = time.perf_counter()
-        self.propose_s += end - t_sampled
+        if self.proposer is not None:
+            self.proposer_time.observe(self._num_proposing, end - t_sampled)
         # The parts of this step, for the profiler (sampling includes the LM head).
         self.last_timings = {
             "prepare": t_prepared - start,
@@ -177,5 +179,5 @@ class ModelExecutor:
             req.max_num_tokens - (req.num_tokens + len(new)) - 1 if new else 0
             for req, new in zip(so.requests, sampled, strict=True)
         ]
-        self.num_proposals += sum(1 for lim in limits if lim > 0)
+        self._num_proposing = sum(1 for lim in limits if lim > 0)
         return self.proposer.propose(so, sampled, limits)

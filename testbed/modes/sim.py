@@ -55,7 +55,9 @@ def simulate(
             latency,
             acceptance,
             seed=cfg.seed + i,
-            propose_s_per_request=engine.speculative.propose_s_per_request,
+            propose_s=(
+                engine.speculative.propose_s_per_step, engine.speculative.propose_s_per_request
+            ),
             speed=speed,
             clock=clock,
         )

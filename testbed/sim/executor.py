@@ -30,7 +30,7 @@ class SimExecutor:
         latency_model: LatencyModel,
         acceptance: AcceptanceModel | None = None,
         seed: int = 0,
-        propose_s_per_request: float = 0.0,
+        propose_s: tuple[float, float] = (0.0, 0.0),
         speed: SpeedTrace | None = None,
         clock: Callable[[], float] | None = None,
     ) -> None:
@@ -39,7 +39,8 @@ class SimExecutor:
         self.latency_model = latency_model
         self.speed, self.clock = speed, clock
         self.acceptance = acceptance
-        self.propose_s_per_request = propose_s_per_request
+        # The proposer's time: per step it drafts in, and per request it drafts for.
+        self.propose_s_per_step, self.propose_s_per_request = propose_s
         self.seed = seed
         self._rngs: dict[str, random.Random] = {}  # each request's own, while it runs
 
@@ -51,12 +52,13 @@ class SimExecutor:
 
     def execute(self, so: SchedulerOutput) -> ExecutorOutput:
         latency = self.latency_model.predict(*step_features(so))
+        if self.speed is not None:
+            latency *= self.speed.at(self.clock())
         model = self.acceptance
         out = ExecutorOutput()
         if model is not None:
+            # The proposer's time as a real run measured it (at its machine's speed).
             latency += self._speculate(so, model, out)
-        if self.speed is not None:
-            latency *= self.speed.at(self.clock())
         out.latency_s = latency
         return out
 
@@ -78,4 +80,6 @@ class SimExecutor:
             drafts[rid] = [STAND_IN_TOKEN] * model.num_drafts(rng, room)
             proposing += room > 0
         out.num_accepted_drafts, out.draft_token_ids = accepted, drafts
-        return proposing * self.propose_s_per_request
+        if not proposing:
+            return 0.0
+        return self.propose_s_per_step + proposing * self.propose_s_per_request

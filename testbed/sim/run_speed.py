@@ -45,7 +45,9 @@ def speed_by_window(start_s, latency_s, pred_s, width_s: float) -> pd.DataFrame:
     return pd.DataFrame({"speed": sums["real"] / sums["pred"], "steps": groups.size()})
 
 
-def speed_against(model: LatencyModel, steps, window_s: float = SPEED_WINDOW_S) -> dict[str, float]:
+def speed_against(
+    model: LatencyModel, steps, window_s: float = SPEED_WINDOW_S, exclude_s: float = 0.0
+) -> dict[str, float]:
     """How fast a real run's machine ran against ``model`` (a profile of it): the
     run's busy time over the model's prediction of the same steps (``steps``: see
     :func:`step_column`). 1.2: its steps took 20% longer than the profile says (a
@@ -53,13 +55,14 @@ def speed_against(model: LatencyModel, steps, window_s: float = SPEED_WINDOW_S) 
     steps); 1.0: as profiled. ``_min`` and ``_max``: the lowest and highest of its
     :func:`speed_by_window` over windows of ``window_s`` holding at least
     :data:`SPEED_WINDOW_STEPS` busy steps (the whole run's where fewer than two
-    windows do). Empty for a run without a busy step."""
+    windows do). ``exclude_s``: busy time the model does not predict (a speculative
+    proposer's), left out of the whole run's speed. Empty for a run without a busy step."""
     busy = step_column(steps, "num_reqs") > 0
     if not busy.any():
         return {}
     real = step_column(steps, "latency_s")[busy]
     pred = predict_logged_steps(model, steps)[busy]
-    speed = float(real.sum() / pred.sum())
+    speed = float((real.sum() - exclude_s) / pred.sum())
     windows = speed_by_window(step_column(steps, "start_s")[busy], real, pred, window_s)
     kept = windows.loc[windows["steps"] >= SPEED_WINDOW_STEPS, "speed"]
     low, high = (float(kept.min()), float(kept.max())) if len(kept) >= 2 else (speed, speed)

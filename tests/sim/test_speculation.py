@@ -103,3 +103,20 @@ def test_engine_speculative_is_checked_at_start_naming_the_field(tmp_path):
     with pytest.raises(InputError, match="acceptance_table=auto: no table at"):
         auto = ["mode=sim", "engine.speculative.method=ngram", "engine.speculative.acceptance_table=auto"]
         run_from_config(compose_cfg(*auto, "logging=disabled"), tmp_path / "run2")
+
+
+def test_the_proposers_time_is_fitted_per_step_and_per_request():
+    from testbed.core.spec_stats import ProposerTime
+
+    t = ProposerTime()
+    for n in (1, 2, 4, 8, 8, 3):
+        t.observe(n, 0.002 + 0.0005 * n)
+    t.observe(0, 0.001)  # a step without drafting: only in the total
+    per_step, per_request = t.fit()
+    assert per_step == pytest.approx(0.002) and per_request == pytest.approx(0.0005)
+    assert t.total_s == pytest.approx(0.001 + sum(0.002 + 0.0005 * n for n in (1, 2, 4, 8, 8, 3)))
+    flat = ProposerTime()
+    for n in (1, 2, 4):
+        flat.observe(n, 0.003 - 0.0001 * n)  # falling with n: a constant, never negative
+    a, b = flat.fit()
+    assert b == 0.0 and a == pytest.approx(0.003 - 0.0001 * 7 / 3)
