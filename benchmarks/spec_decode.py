@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import torch
 from common import write_results
 
 from testbed.build import model_spec
@@ -72,7 +73,8 @@ def engine(name: str, batch: int) -> LLM:
     spec = PROPOSERS[name]
     if spec and spec["method"] == "draft_model":
         spec = {**spec, "model": model_path()}
-    return LLM(model_path(), max_num_seqs=max(batch, 1), speculative_config=spec, threads=1)
+    threads = None if torch.cuda.is_available() else 1  # on a CPU: one thread (cpu1)
+    return LLM(model_path(), max_num_seqs=max(batch, 1), speculative_config=spec, threads=threads)
 
 
 def measure(llm: LLM, batch: int) -> tuple[float, int]:
@@ -83,9 +85,9 @@ def measure(llm: LLM, batch: int) -> tuple[float, int]:
     return time.perf_counter() - start, sum(len(o.token_ids) for o in outs)
 
 
-def simulated_tok_s(profile: Path, batch: int, prompt_lens: list[int], spec: dict | None,
-                    table: Path | None, propose_s: tuple[float, float]) -> float:  # fmt: skip
-    overrides = ["mode=sim", "model=tinystories-260k", "hardware=cpu1", "logging=disabled",
+def simulated_tok_s(profile: Path, hardware: str, batch: int, prompt_lens: list[int],
+                    spec: dict | None, table: Path | None, propose_s: tuple[float, float]) -> float:  # fmt: skip
+    overrides = ["mode=sim", "model=tinystories-260k", f"hardware={hardware}", "logging=disabled",
                  "progress=false", "plots=false", f"profiles_dir={profile.parent.parent}",
                  f"engine.max_num_seqs={max(batch, 1)}"]  # fmt: skip
     if spec:
@@ -109,7 +111,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64])
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--profile", type=Path, help="stories260K's profile on this hardware (cpu1)")
+    ap.add_argument("--hardware", default="cpu1", help="the simulator's hardware config")
+    ap.add_argument("--profile", type=Path, help="stories260K's profile on that hardware")
     ap.add_argument("--out", default="benchmarks/results/spec_decode.json")
     a = ap.parse_args()
     if not (Path(model_path()) / "config.json").exists():
@@ -146,9 +149,9 @@ def main() -> None:
     profile = a.profile
     if profile is None:
         print("profiling stories260K (quick grid) for the simulator ...")
-        args = EngineArgs(model=model_path(), threads=1)
+        args = EngineArgs(model=model_path(), threads=None if torch.cuda.is_available() else 1)
         profile = run_profile(args, "quick", out_dir=Path("outputs/spec_decode/profiles"),
-                              hardware="cpu1", model_name="tinystories-260k")  # fmt: skip
+                              hardware=a.hardware, model_name="tinystories-260k")  # fmt: skip
     tokenizer = engine("off", 1)
     lens = [len(tokenizer._encode(p)) for p in prompts(max(a.batches))]
     with tempfile.TemporaryDirectory() as tmp:
@@ -160,8 +163,8 @@ def main() -> None:
                 folder.mkdir()
                 write_spec_acceptance(folder, r["table"])
                 table = folder / "spec_acceptance.csv"
-            r["sim_out_tok_s"] = simulated_tok_s(profile, r["batch"], lens[: r["batch"]], spec,
-                                                 table, r["propose_s"])  # fmt: skip
+            r["sim_out_tok_s"] = simulated_tok_s(profile, a.hardware, r["batch"], lens[: r["batch"]],
+                                                 spec, table, r["propose_s"])  # fmt: skip
     for r in rows:
         base = next(x for x in rows if x["batch"] == r["batch"] and x["proposer"] == "off")
         r["sim_speedup"] = r["sim_out_tok_s"] / base["sim_out_tok_s"]

@@ -3,7 +3,7 @@
 #
 #   scripts/gpu_check.sh OUT_DIR [SECONDS] [PARTS]
 #
-# Runs the PARTS (default tests,profile,fidelity,bench), in this order and within
+# Runs the PARTS (default tests,profile,fidelity,bench,spec), in this order and within
 # SECONDS (default 560) all told, each step cut short by its own limit and by
 # what is left:
 #   1. the CUDA tests (kernels against references at real shapes, engine backends agree)
@@ -15,6 +15,8 @@
 #      a bare machine lacks: see below), its real runs and tables packed into
 #      fidelity.tgz, so that `python -m experiments.fidelity --reuse` re-simulates them anywhere
 #   4. the kernel, decode-step and offline-throughput benchmarks
+#   5. speculative decoding on stories260K (benchmarks/spec_decode.py: each proposer
+#      at batch 1-256, real and simulated from a quick profile of it on this GPU)
 # The machine's python3 needs torch, triton, transformers, safetensors, pyyaml,
 # numpy, pandas, matplotlib and pytest. Where .devsite/site exists its packages
 # (copies of hydra, omegaconf, antlr4, simpy: pure Python) go on PYTHONPATH, and
@@ -27,7 +29,7 @@
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_check.sh OUT_DIR [SECONDS] [PARTS]}
 BUDGET=${2:-560}
-PARTS=,${3:-tests,profile,fidelity,bench},
+PARTS=,${3:-tests,profile,fidelity,bench,spec},
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 cd "$(dirname "$0")/.." || exit 1
@@ -39,6 +41,7 @@ HW=${GPU_CHECK_HARDWARE:-h200}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 [ -d .devsite/site ] && export PYTHONPATH=$PWD/.devsite/site${PYTHONPATH:+:$PYTHONPATH}
 [ -d .devsite/traces ] && export TESTBED_TRACES_DIR=$PWD/.devsite/traces
+[ -d .devsite/models ] && export TESTBED_MODELS_DIR=$PWD/.devsite/models
 exec > >(tee -a "$OUT/run.log") 2>&1
 
 left() { echo $((BUDGET - SECONDS)); }
@@ -104,5 +107,9 @@ if [[ $PARTS == *,bench,* ]]; then
     "$PY" benchmarks/engine_throughput.py --model qwen3-0.6b --requests 256 \
     --prompt 512 512 --output 128 128 --max-num-seqs 256 --hf-batch 64 \
     --out "$OUT/engine_throughput.json"
+fi
+if [[ $PARTS == *,spec,* ]]; then
+  step "speculative decoding, stories260K" 150 "$PY" benchmarks/spec_decode.py \
+    --batches 1 4 16 64 256 --repeats 3 --hardware "$HW" --out "$OUT/spec_decode.json"
 fi
 echo "done after $SECONDS s: $(ls "$OUT")"

@@ -7,7 +7,8 @@
 # needs and such a machine lacks (hydra, omegaconf, antlr4, simpy) into
 # .devsite/site, and the Azure conv and Mooncake conversation traces from the
 # shared traces folder ($TESTBED_TRACES_DIR, else ../shared/traces) into
-# .devsite/traces. The folder is git-ignored (.git/info/exclude): never committed;
+# .devsite/traces, and the shared stories260K model ($TESTBED_MODELS_DIR, else
+# ../shared/models) into .devsite/models. The folder is git-ignored (.git/info/exclude): never committed;
 # take it along to the CUDA machine with the checkout and run gpu_check.sh there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,4 +25,10 @@ done
 find .devsite -name __pycache__ -prune -exec rm -rf {} +
 cp "$TRACES"/azure_llm_2023/{AzureLLMInferenceTrace_conv.csv,LICENSE-azure.txt} .devsite/traces/azure_llm_2023/
 cp "$TRACES"/mooncake/{conversation_trace.jsonl,LICENSE-mooncake.txt} .devsite/traces/mooncake/
+MODELS=${TESTBED_MODELS_DIR:-../shared/models}
+if [ -d "$MODELS/stories260K" ]; then
+  mkdir -p .devsite/models && cp -r "$MODELS/stories260K" .devsite/models/
+else
+  echo "no stories260K at $MODELS: the speculative-decoding benchmark will be skipped"
+fi
 echo "prepared .devsite ($(du -sh .devsite | cut -f1)): bash scripts/gpu_check.sh OUT_DIR on the CUDA machine"
