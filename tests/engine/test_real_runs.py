@@ -199,6 +199,10 @@ def test_a_real_runs_measured_acceptance_round_trips_through_a_simulation(tmp_pa
     the same rates, within four standard errors of the two runs' counts."""
     import math
 
+    from testbed.models import models_dir
+
+    if not (models_dir() / "stories260K" / "hf" / "config.json").exists():
+        pytest.skip(f"stories260K not found under {models_dir()} (set TESTBED_MODELS_DIR)")
     model = "model=tinystories-260k"
     spec = ["engine.speculative.method=ngram", "engine.speculative.num_speculative_tokens=3"]
     base = ["trace.num_requests=16", "trace.rate=8", "logging=disabled", "progress=false", model]
