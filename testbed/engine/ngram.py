@@ -6,7 +6,8 @@ tokens that also occurs earlier in them proposes the tokens that followed its
 latest earlier occurrence, up to ``k``: vLLM's rule (longest n-gram first, then
 the rightmost match). A request with no match gets no drafts (vLLM pads its
 drafts with the last token for fixed shapes; a padded draft is rarely accepted).
-Vectorised with numpy: one pass over the context per n-gram length.
+Vectorised with numpy: one pass over the context per n-gram length, then only
+over the places that match so far.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from testbed.core import SchedulerOutput
 
@@ -28,11 +28,15 @@ class NgramProposer:
         size = len(tokens)
         for n in range(min(self.max_n, size - 1), self.min_n - 1, -1):
             suffix = tokens[size - n :]
-            # Windows starting at 0 .. size - n - 1: every occurrence but the suffix itself.
-            windows = sliding_window_view(tokens[: size - 1], n)
-            hits = np.flatnonzero((windows == suffix).all(axis=1))
-            if len(hits):
-                start = int(hits[-1]) + n
+            # Starts 0 .. size - n - 1: every occurrence but the suffix itself. One
+            # pass over the context for the first token, then only its matches.
+            starts = np.flatnonzero(tokens[: size - n] == suffix[0])
+            for offset in range(1, n):
+                if not len(starts):
+                    break
+                starts = starts[tokens[starts + offset] == suffix[offset]]
+            if len(starts):
+                start = int(starts[-1]) + n
                 return tokens[start : start + k].tolist()
         return []
 

@@ -41,6 +41,24 @@ def test_ngram_needs_a_match_of_at_least_the_minimum():
     assert p.propose_many([[1, 2, 3, 4, 5, 1, 2]], [2]) == [[3, 4]]
 
 
+def brute_force_ngram(ctx: list[int], k: int, min_n: int, max_n: int) -> list[int]:
+    """The rule, spelled out: the longest suffix that occurs earlier, its rightmost occurrence."""
+    for n in range(min(max_n, len(ctx) - 1), min_n - 1, -1):
+        suffix = ctx[-n:]
+        for start in range(len(ctx) - n - 1, -1, -1):
+            if ctx[start : start + n] == suffix:
+                return ctx[start + n : start + n + k]
+    return []
+
+
+def test_ngram_matches_the_rule_spelled_out_on_random_contexts():
+    rng = random.Random(5)
+    p = NgramProposer(k=3, min_n=1, max_n=4)
+    for _ in range(1000):
+        ctx = [rng.randrange(5) for _ in range(rng.randint(1, 40))]
+        assert p.propose_many([ctx], [3]) == [brute_force_ngram(ctx, 3, 1, 4)], ctx
+
+
 # --- the configuration ---
 
 
