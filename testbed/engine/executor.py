@@ -154,7 +154,8 @@ class ModelExecutor:
             drafts = so.spec_token_ids.get(req.request_id)
             if drafts:
                 rows = logits[row : row + len(drafts) + 1]
-                probs = self.proposer.draft_probs(req.request_id, len(drafts))
+                proposer = self.proposer
+                probs = proposer.draft_probs(req.request_id, len(drafts)) if proposer else None
                 sampled[i] = self.rejection_sampler.verify(
                     rows, drafts, req.request_id, req.sampling_params, probs
                 )

@@ -34,9 +34,12 @@ def interleave(first: list, second: list) -> list:
 # points tell the latency model what attention over a long cached context costs
 # beside the tokens computed.
 PREFIX_POINTS = [(0, 0, p, c) for c in (256, 1024) for p in (64, 256, 768)] + [(4, 256, 256, 1024)]
+# Speculative decoding's verification steps: each decoder's last token and 3
+# drafts (4 query tokens after its context), the shape no other point has.
+DRAFT_POINTS = [(b, c, 0, 0, 3) for b in (1, 4, 16, 64) for c in (256, 1024)]
 # Decode points and points with a prefill are interleaved (see interleave).
 DEFAULT_GRID = interleave(
-    [(b, c, 0) for b in DECODE_BATCHES for c in CONTEXTS],
+    [(b, c, 0) for b in DECODE_BATCHES for c in CONTEXTS] + DRAFT_POINTS,
     [(0, 0, p) for p in PREFILLS]
     + [(b, 256, p) for b in (4, 16) for p in (64, 256, 1024)]
     + PREFIX_POINTS,
@@ -57,7 +60,7 @@ GRIDS = {
     "default": DEFAULT_GRID,
     "gpu": GPU_GRID,
     "quick": interleave(
-        [(b, 128, 0) for b in (1, 4, 16)],
+        [(b, 128, 0) for b in (1, 4, 16)] + [(4, 128, 0, 0, 3)],
         [(0, 0, p) for p in (32, 256)] + [(4, 128, 128), (0, 0, 64, 256)],
     ),
 }
@@ -80,7 +83,8 @@ PREFILL_BUDGET = 2048  # tokens per step beyond the decodes: the largest prefill
 @dataclass
 class Point:
     """One grid point: ``decode_batch`` requests each decoding after ``context``
-    tokens, beside one request prefilling ``prefill_tokens`` tokens after
+    tokens (verifying ``drafts`` draft tokens too, as speculative decoding's
+    steps do), beside one request prefilling ``prefill_tokens`` tokens after
     ``prefix_tokens`` prompt tokens the engine already holds in its prefix cache
     (a whole number of KV blocks)."""
 
@@ -88,18 +92,21 @@ class Point:
     context: int
     prefill_tokens: int
     prefix_tokens: int = 0
+    drafts: int = 0
 
     def label(self) -> str:
-        """``decodes x context + prefill`` (``+ prefill after prefix``)."""
+        """``decodes x context + prefill`` (``+ prefill after prefix``, ``~drafts``)."""
         text = f"{self.decode_batch}x{self.context}+{self.prefill_tokens}"
-        return text + (f"@{self.prefix_tokens}" if self.prefix_tokens else "")
+        text += f"@{self.prefix_tokens}" if self.prefix_tokens else ""
+        return text + (f"~{self.drafts}" if self.drafts else "")
 
 
 def decoder_output(point: Point, steps: int) -> int:
     """Output tokens each of a point's decoders is asked for: enough that none
-    finishes before the point's ``steps`` timed and warm-up steps are over, however
-    many steps their own prefills take (they are aborted afterwards)."""
-    return steps + 8 + -(-point.decode_batch * point.context // PREFILL_BUDGET)
+    finishes before the point's ``steps`` timed and warm-up steps are over (each
+    may accept all its drafts), however many steps their own prefills take (they
+    are aborted afterwards)."""
+    return steps * (1 + point.drafts) + 8 + -(-point.decode_batch * point.context // PREFILL_BUDGET)
 
 
 def fit_args(args: EngineArgs, points: list[Point], repeats: int, warmup: int) -> None:
@@ -121,6 +128,7 @@ def fit_args(args: EngineArgs, points: list[Point], repeats: int, warmup: int) -
     args.enable_prefix_caching = False
     batch = max(p.decode_batch for p in points) + 1
     args.max_num_seqs = max(args.max_num_seqs, batch)
-    args.max_num_batched_tokens = batch + PREFILL_BUDGET
+    args.max_num_batched_tokens = max(p.decode_batch * (1 + p.drafts) for p in points)
+    args.max_num_batched_tokens += 1 + PREFILL_BUDGET
     args.max_model_len = max(args.max_model_len or 0, longest + 16)
     args.num_kv_blocks = max(args.num_kv_blocks or 0, need + 16)

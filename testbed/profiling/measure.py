@@ -108,6 +108,8 @@ def measure_point(
     timed_backend = executor.backend = TimedBackend(executor.backend, executor.device)
     rows = []
     for k in range(steps):
+        for r in decodes:  # drafts to verify (random tokens: mostly rejected)
+            r.spec_token_ids = [rng.randrange(vocab) for _ in range(point.drafts)] or ()
         if point.prefill_tokens:
             p = _request(f"p{k}", point.prefill_tokens, 1, rng, vocab, prefix)
             p.arrival_time = clock()
@@ -168,6 +170,7 @@ def summarize_point(point: Point, rows: list[dict]) -> dict:
         context=point.context,
         prefill_tokens=point.prefill_tokens,
         prefix_tokens=point.prefix_tokens,
+        drafts=point.drafts,
         **feature_columns(rows[mid]["features"]),
         latency_s=med(totals),
         latency_min_s=min(totals),

@@ -122,6 +122,7 @@ def run_profile(
             rows += idle_probe_rows([idle_probe.after_pause()], "between_points")
             done += 1
             after = f" after {point.prefix_tokens} cached" if point.prefix_tokens else ""
+            after += f", {point.drafts} drafts each" if point.drafts else ""
             print(
                 f"  [{done}/{len(points)}] decodes {point.decode_batch:>3} x ctx "
                 f"{point.context:>5}, prefill {point.prefill_tokens:>5}{after}: "
@@ -133,7 +134,7 @@ def run_profile(
             skipped = ", ".join(p.label() for p in points[done:])
             grid_note = (
                 f"{grid_name} ({done} of {len(points)} points; skipped at the {max_grid_s:g} s "
-                f"limit, as decodes x context + prefill[@cached prefix]: {skipped})"
+                f"limit, as decodes x context + prefill[@cached prefix][~drafts]: {skipped})"
             )
             print(f"  grid stopped at its {max_grid_s:g} s limit: {grid_note}", flush=True)
         print(f"  replaying {replay_requests} synthetic requests for realistic step mixes ...")

@@ -63,9 +63,13 @@ def test_profile_mode_writes_a_table_with_its_provenance_and_speed_probe(tmp_pat
     # cost about the same, the weights' read dominating, so noise can order those two
     # either way: a clean-clone run measured 8.93 ms for 1 and 8.77 ms for 4); the
     # fit's own error is small.
-    decodes = points[points["prefill_tokens"] == 0].sort_values("decode_batch")
+    plain = (points["prefill_tokens"] == 0) & (points["drafts"] == 0)
+    decodes = points[plain].sort_values("decode_batch")
     assert list(decodes["decode_batch"]) == [1, 4, 16]
     assert decodes["latency_s"].iloc[-1] > 1.2 * decodes["latency_s"].iloc[0]
+    # A verification step: 4 decoders, each its last token and 3 drafts (16 tokens).
+    drafts = points[points["drafts"] > 0]
+    assert len(drafts) == 1 and (drafts[["num_reqs", "num_tokens"]].values == [4, 16]).all()
     assert ProfileModel(path).fit_rel_error < 0.25
     assert out["fit_rel_error"] == pytest.approx(ProfileModel(path).fit_rel_error)
 
@@ -342,7 +346,9 @@ def test_a_profile_past_its_grid_time_limit_skips_the_rest_names_them_and_still_
     header = read_profile_header(path)
     n = len(GRIDS["quick"])
     assert header["grid"].startswith(f"quick (1 of {n} points; skipped at the 1e-09 s limit")
-    assert header["grid"].endswith("1x128+0, 0x0+256, 4x128+0, 4x128+128, 16x128+0, 0x0+64@256)")
+    assert header["grid"].endswith(
+        "0x0+32, 4x128+0, 0x0+256, 16x128+0, 4x128+128, 4x128+0~3, 0x0+64@256)"
+    )
     table = pd.read_csv(path, comment="#")
     assert (table["grid"] == "point").sum() == 1 and (table["grid"] == "replay").sum() > 6
     sparse = table[table["grid"] == "replay_sparse"]
