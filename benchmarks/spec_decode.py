@@ -55,8 +55,12 @@ OUTPUT = 64
 K = 3
 PROPOSERS = {
     "off": None,
-    "ngram": {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 2,
-              "prompt_lookup_max": 4},  # fmt: skip
+    "ngram": {
+        "method": "ngram",
+        "num_speculative_tokens": K,
+        "prompt_lookup_min": 2,
+        "prompt_lookup_max": 4,
+    },
     "draft_model": {"method": "draft_model", "num_speculative_tokens": K, "draft_num_layers": 4},
 }
 
@@ -85,22 +89,43 @@ def measure(llm: LLM, batch: int) -> tuple[float, int]:
     return time.perf_counter() - start, sum(len(o.token_ids) for o in outs)
 
 
-def simulated_tok_s(profile: Path, hardware: str, batch: int, prompt_lens: list[int],
-                    spec: dict | None, table: Path | None, propose_s: tuple[float, float]) -> float:  # fmt: skip
-    overrides = ["mode=sim", "model=tinystories-260k", f"hardware={hardware}", "logging=disabled",
-                 "progress=false", "plots=false", f"profiles_dir={profile.parent.parent}",
-                 f"engine.max_num_seqs={max(batch, 1)}"]  # fmt: skip
+def simulated_tok_s(
+    profile: Path,
+    hardware: str,
+    batch: int,
+    prompt_lens: list[int],
+    spec: dict | None,
+    table: Path | None,
+    propose_s: tuple[float, float],
+) -> float:
+    overrides = [
+        "mode=sim",
+        "model=tinystories-260k",
+        f"hardware={hardware}",
+        "logging=disabled",
+        "progress=false",
+        "plots=false",
+        f"profiles_dir={profile.parent.parent}",
+        f"engine.max_num_seqs={max(batch, 1)}",
+    ]
     if spec:
         overrides += [f"engine.speculative.{k}={v}" for k, v in spec.items()]
         if spec["method"] == "draft_model":  # the simulator only checks it is given
             overrides.append(f"engine.speculative.model={model_path()}")
-        overrides += [f"engine.speculative.acceptance_table={table}",
-                      f"engine.speculative.propose_s_per_step={propose_s[0]}",
-                      f"engine.speculative.propose_s_per_request={propose_s[1]}"]  # fmt: skip
+        overrides += [
+            f"engine.speculative.acceptance_table={table}",
+            f"engine.speculative.propose_s_per_step={propose_s[0]}",
+            f"engine.speculative.propose_s_per_request={propose_s[1]}",
+        ]
     cfg = compose_config(overrides)
     reqs = [
-        Request(f"b{i}", num_prompt_tokens=n, target_output_tokens=OUTPUT, arrival_time=0.0,
-                sampling_params=SamplingParams(max_tokens=None, ignore_eos=True))  # fmt: skip
+        Request(
+            f"b{i}",
+            num_prompt_tokens=n,
+            target_output_tokens=OUTPUT,
+            arrival_time=0.0,
+            sampling_params=SamplingParams(max_tokens=None, ignore_eos=True),
+        )
         for i, n in enumerate(prompt_lens)
     ]
     result, _ = simulate(cfg, reqs, model_spec(cfg.model))
@@ -121,7 +146,7 @@ def main() -> None:
     for batch in a.batches:
         llms = {name: engine(name, batch) for name in PROPOSERS}
         times = {name: [] for name in PROPOSERS}
-        for name, llm in llms.items():
+        for llm in llms.values():
             measure(llm, min(batch, 2))  # warm up
             llm.engine.scheduler.spec_stats = SpecDecodingStats()
             llm.executor.proposer_time = ProposerTime()
@@ -134,24 +159,38 @@ def main() -> None:
         for name, llm in llms.items():
             stats = llm.engine.scheduler.spec_stats
             ex = llm.executor
-            rows.append(dict(
-                batch=batch, proposer=name, wall_s=statistics.median(times[name]),
-                out_tok_s=tokens / statistics.median(times[name]),
-                speedup=base / statistics.median(times[name]),
-                acceptance_rate=stats.acceptance_rate if name != "off" else None,
-                mean_acceptance_length=stats.mean_acceptance_length if name != "off" else None,
-                propose_s=ex.proposer_time.fit(),
-                table=stats.table(),
-            ))  # fmt: skip
-        print(f"batch {batch}: " + ", ".join(
-            f"{r['proposer']} {r['out_tok_s']:.0f} tok/s x{r['speedup']:.2f}"
-            for r in rows if r["batch"] == batch))  # fmt: skip
+            rows.append(
+                dict(
+                    batch=batch,
+                    proposer=name,
+                    wall_s=statistics.median(times[name]),
+                    out_tok_s=tokens / statistics.median(times[name]),
+                    speedup=base / statistics.median(times[name]),
+                    acceptance_rate=stats.acceptance_rate if name != "off" else None,
+                    mean_acceptance_length=stats.mean_acceptance_length if name != "off" else None,
+                    propose_s=ex.proposer_time.fit(),
+                    table=stats.table(),
+                )
+            )
+        print(
+            f"batch {batch}: "
+            + ", ".join(
+                f"{r['proposer']} {r['out_tok_s']:.0f} tok/s x{r['speedup']:.2f}"
+                for r in rows
+                if r["batch"] == batch
+            )
+        )
     profile = a.profile
     if profile is None:
         print("profiling stories260K (quick grid) for the simulator ...")
         args = EngineArgs(model=model_path(), threads=None if torch.cuda.is_available() else 1)
-        profile = run_profile(args, "quick", out_dir=Path("outputs/spec_decode/profiles"),
-                              hardware=a.hardware, model_name="tinystories-260k")  # fmt: skip
+        profile = run_profile(
+            args,
+            "quick",
+            out_dir=Path("outputs/spec_decode/profiles"),
+            hardware=a.hardware,
+            model_name="tinystories-260k",
+        )
     tokenizer = engine("off", 1)
     lens = [len(tokenizer._encode(p)) for p in prompts(max(a.batches))]
     with tempfile.TemporaryDirectory() as tmp:
@@ -163,8 +202,9 @@ def main() -> None:
                 folder.mkdir()
                 write_spec_acceptance(folder, r["table"])
                 table = folder / "spec_acceptance.csv"
-            r["sim_out_tok_s"] = simulated_tok_s(profile, a.hardware, r["batch"], lens[: r["batch"]],
-                                                 spec, table, r["propose_s"])  # fmt: skip
+            r["sim_out_tok_s"] = simulated_tok_s(
+                profile, a.hardware, r["batch"], lens[: r["batch"]], spec, table, r["propose_s"]
+            )
     for r in rows:
         base = next(x for x in rows if x["batch"] == r["batch"] and x["proposer"] == "off")
         r["sim_speedup"] = r["sim_out_tok_s"] / base["sim_out_tok_s"]
@@ -176,8 +216,17 @@ def main() -> None:
     table = pd.DataFrame([{k: v for k, v in r.items() if k != "table"} for r in rows])
     print(table.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     print("crossover (first batch where speculation is slower):", crossovers)
-    write_results(a.out, "spec_decode", rows, model="stories260K", output_tokens=OUTPUT, k=K,
-                  repeats=a.repeats, profile=str(profile), crossovers=crossovers)  # fmt: skip
+    write_results(
+        a.out,
+        "spec_decode",
+        rows,
+        model="stories260K",
+        output_tokens=OUTPUT,
+        k=K,
+        repeats=a.repeats,
+        profile=str(profile),
+        crossovers=crossovers,
+    )
 
 
 if __name__ == "__main__":

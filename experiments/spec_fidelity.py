@@ -32,11 +32,16 @@ from testbed.models import models_dir
 K = 3
 METHODS = {
     "off": [],
-    "ngram": ["engine.speculative.method=ngram", f"engine.speculative.num_speculative_tokens={K}",
-              "engine.speculative.prompt_lookup_min=2"],  # fmt: skip
-    "draft_model": ["engine.speculative.method=draft_model",
-                    f"engine.speculative.num_speculative_tokens={K}",
-                    "engine.speculative.draft_num_layers=4"],  # fmt: skip
+    "ngram": [
+        "engine.speculative.method=ngram",
+        f"engine.speculative.num_speculative_tokens={K}",
+        "engine.speculative.prompt_lookup_min=2",
+    ],
+    "draft_model": [
+        "engine.speculative.method=draft_model",
+        f"engine.speculative.num_speculative_tokens={K}",
+        "engine.speculative.draft_num_layers=4",
+    ],
 }
 METRICS = ("throughput_req_s", "tpot_s_mean", "e2e_s_mean")
 
@@ -51,14 +56,21 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     profile = a.profiles / a.hardware / "tinystories-260k.csv"
     if not profile.exists():
-        raise SystemExit(f"no profile of stories260K at {profile} (python -m testbed.profiling "
-                         f"--model tinystories-260k --hardware {a.hardware} --out {a.profiles})")  # fmt: skip
+        raise SystemExit(
+            f"no profile of stories260K at {profile} (python -m testbed.profiling "
+            f"--model tinystories-260k --hardware {a.hardware} --out {a.profiles})"
+        )
     draft = str(models_dir() / "stories260K" / "hf")
     base = [
-        "model=tinystories-260k", f"hardware={a.hardware}", f"profiles_dir={a.profiles.resolve()}",
-        f"trace.num_requests={a.requests}", f"trace.rate={a.rate}", "logging=disabled",
-        "progress=false", "plots=false",
-    ]  # fmt: skip
+        "model=tinystories-260k",
+        f"hardware={a.hardware}",
+        f"profiles_dir={a.profiles.resolve()}",
+        f"trace.num_requests={a.requests}",
+        f"trace.rate={a.rate}",
+        "logging=disabled",
+        "progress=false",
+        "plots=false",
+    ]
     rows = []
     for method, spec in METHODS.items():
         if method == "draft_model":
@@ -67,9 +79,11 @@ def main(argv: list[str] | None = None) -> int:
         real = run_from_config(compose_config(["mode=real", *base, *spec]), real_dir)
         sim_spec = list(spec)
         if method != "off":
-            sim_spec += [f"engine.speculative.acceptance_table={real_dir / 'spec_acceptance.csv'}",
-                         f"engine.speculative.propose_s_per_step={real['spec_propose_s_per_step']}",
-                         f"engine.speculative.propose_s_per_request={real['spec_propose_s_per_request']}"]  # fmt: skip
+            sim_spec += [
+                f"engine.speculative.acceptance_table={real_dir / 'spec_acceptance.csv'}",
+                f"engine.speculative.propose_s_per_step={real['spec_propose_s_per_step']}",
+                f"engine.speculative.propose_s_per_request={real['spec_propose_s_per_request']}",
+            ]
         speed = real.get("speed_vs_profile", 1.0)
         for variant, extra in (("profile", []), ("own_speed", [f"mode.latency_scale={speed}"])):
             sim = run_from_config(
@@ -83,8 +97,11 @@ def main(argv: list[str] | None = None) -> int:
                 row["real_acceptance"] = real["spec_acceptance_rate"]
                 row["sim_acceptance"] = sim["spec_acceptance_rate"]
             rows.append(row)
-            print(f"{method:<12} {variant:<10} " + "  ".join(
-                f"{m} {row[f'err_{m}']:+.1%}" for m in METRICS), flush=True)  # fmt: skip
+            print(
+                f"{method:<12} {variant:<10} "
+                + "  ".join(f"{m} {row[f'err_{m}']:+.1%}" for m in METRICS),
+                flush=True,
+            )
     table = pd.DataFrame(rows)
     a.out.mkdir(parents=True, exist_ok=True)
     table.to_csv(a.out / "spec_fidelity.csv", index=False)

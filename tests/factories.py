@@ -115,7 +115,7 @@ class FakeExecutor:
             self.tables[req.request_id] = list(block_ids)
             self._write(req, 0, req.remote_kv_tokens)
             recvd.add(req.request_id)
-        for i, req in enumerate(so.requests):
+        for req in so.requests:
             rid = req.request_id
             if rid in so.new_req_ids:
                 self.tables[rid] = list(so.new_block_ids.get(rid, []))

@@ -4,11 +4,11 @@ scheduler (replayed on the CPU, ``../shared/tools/vllm_replay``) and through
 
 | module | what |
 | --- | --- |
-| `streams.py` | synthetic request streams (shared prefixes, priorities) as the replay tool reads them |
+| `streams.py` | synthetic streams (shared prefixes, priorities) in the replay tool's format |
 | `reference.py` | where the replay tool and its venv are; runs vLLM's side in a subprocess |
 | `ours.py` | runs our scheduler on the same stream with the same clock and tokens |
 | `compare.py` | the two per-step tables side by side: identical steps, the first divergence |
 | `vllm_shim.py` | run by the replay venv's python: the tool's main, with per-request priorities |
 | `cli.py` | the command line (``python -m experiments.vllm_parity``) |
-| `matrix.py` | the comparison over 15 streams and settings (``python -m experiments.vllm_parity.matrix``) |
+| `matrix.py` | the comparison over 15 streams and settings (``... vllm_parity.matrix``) |
 """

@@ -56,7 +56,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     e.add_argument("--max-num-batched-tokens", type=int, default=s.max_num_batched_tokens)
     e.add_argument("--max-num-seqs", type=int, default=s.max_num_seqs)
     e.add_argument(
-        "--num-gpu-blocks", type=int, default=s.num_gpu_blocks, help="vLLM's (one is its null block)"
+        "--num-gpu-blocks",
+        type=int,
+        default=s.num_gpu_blocks,
+        help="vLLM's (one is its null block)",
     )
     e.add_argument("--block-size", type=int, default=s.block_size)
     b = argparse.BooleanOptionalAction
@@ -103,7 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"control plane, schedule + update per step: ours {ours.ms_per_step:.3f} ms, "
         f"vLLM {theirs.ms_per_step} ms"
-        + (f" (ours / vLLM {ours.ms_per_step / theirs.ms_per_step:.2f})" if theirs.ms_per_step else "")
+        + (
+            f" (ours / vLLM {ours.ms_per_step / theirs.ms_per_step:.2f})"
+            if theirs.ms_per_step
+            else ""
+        )
     )
     record = {
         "stream": str(stream),

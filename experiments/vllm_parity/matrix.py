@@ -21,6 +21,7 @@ import pandas as pd
 from experiments.fidelity.report import markdown_table
 from experiments.manifest import write_manifest
 from experiments.vllm_parity.cli import run_pair
+from experiments.vllm_parity.compare import read_steps
 from experiments.vllm_parity.reference import Settings
 from experiments.vllm_parity.streams import StreamSpec, write_stream
 
@@ -31,11 +32,19 @@ CASES: dict[str, tuple[StreamSpec, Settings]] = {
     "fcfs-3000": (S(n=3000, seed=3), Settings()),
     "first-chunk-3000": (S(n=3000, seed=3), Settings(reserve_full_isl=False)),
     "tight-cache-3000": (S(n=3000, seed=3), Settings(num_gpu_blocks=48)),
-    "tight-first-chunk-3000": (S(n=3000, seed=3), Settings(num_gpu_blocks=48, reserve_full_isl=False)),
+    "tight-first-chunk-3000": (
+        S(n=3000, seed=3),
+        Settings(num_gpu_blocks=48, reserve_full_isl=False),
+    ),
     "threshold-3000": (S(n=3000, seed=4), Settings(long_prefill_token_threshold=64)),
     "threshold-tight-3000": (
         S(n=3000, seed=4),
-        Settings(long_prefill_token_threshold=100, num_gpu_blocks=60, block_size=32, reserve_full_isl=False),
+        Settings(
+            long_prefill_token_threshold=100,
+            num_gpu_blocks=60,
+            block_size=32,
+            reserve_full_isl=False,
+        ),
     ),
     "shared-prefixes-2000": (
         S(n=2000, share_frac=0.9, num_prefixes=2, seed=5),
@@ -43,10 +52,17 @@ CASES: dict[str, tuple[StreamSpec, Settings]] = {
     ),
     "no-chunked-prefill-2000": (
         S(n=2000, prompt=(20, 900), seed=6),
-        Settings(enable_chunked_prefill=False, max_num_batched_tokens=1024, max_model_len=1024,
-                 num_gpu_blocks=200),
-    ),  # fmt: skip
-    "no-prefix-caching-2000": (S(n=2000, seed=7), Settings(enable_prefix_caching=False, num_gpu_blocks=80)),
+        Settings(
+            enable_chunked_prefill=False,
+            max_num_batched_tokens=1024,
+            max_model_len=1024,
+            num_gpu_blocks=200,
+        ),
+    ),
+    "no-prefix-caching-2000": (
+        S(n=2000, seed=7),
+        Settings(enable_prefix_caching=False, num_gpu_blocks=80),
+    ),
     "priority-1000": (
         S(n=1000, priority_classes=3, seed=8),
         Settings(policy="priority"),
@@ -57,9 +73,14 @@ CASES: dict[str, tuple[StreamSpec, Settings]] = {
     ),
     "priority-threshold-2000": (
         S(n=2000, priority_classes=4, seed=10),
-        Settings(policy="priority", num_gpu_blocks=400, max_num_seqs=64,
-                 max_num_batched_tokens=1024, long_prefill_token_threshold=128),
-    ),  # fmt: skip
+        Settings(
+            policy="priority",
+            num_gpu_blocks=400,
+            max_num_seqs=64,
+            max_num_batched_tokens=1024,
+            long_prefill_token_threshold=128,
+        ),
+    ),
     "large-batch-3000": (
         S(n=3000, rate=16.0, share_frac=0.7, seed=11),
         Settings(max_num_seqs=256, max_num_batched_tokens=4096, num_gpu_blocks=2000),
@@ -74,7 +95,7 @@ def run_matrix(names: list[str], out: Path) -> pd.DataFrame:
         folder = out / name
         stream = write_stream(spec, folder / "stream.csv")
         result, ours, theirs = run_pair(stream, settings, folder)
-        preempting = sum(1 for line in open(theirs.steps_csv) if line.rstrip("\n").split(",")[10])
+        preempting = sum(1 for row in read_steps(theirs.steps_csv).values() if row["preempted"])
         rows.append(
             dict(
                 case=name,
@@ -82,7 +103,7 @@ def run_matrix(names: list[str], out: Path) -> pd.DataFrame:
                 steps_vllm=result.steps_vllm,
                 identical_steps=result.identical,
                 first_divergence=result.first_divergence,
-                steps_preempting=preempting - 1,  # less the header
+                steps_preempting=preempting,
                 ms_per_step_ours=round(ours.ms_per_step, 4),
                 ms_per_step_vllm=theirs.ms_per_step,
                 ours_over_vllm=round(ours.ms_per_step / theirs.ms_per_step, 3)
@@ -94,7 +115,7 @@ def run_matrix(names: list[str], out: Path) -> pd.DataFrame:
         )
         print(
             f"{name:<26} {result.identical:>6} of {result.steps_vllm:>6} steps identical; "
-            f"{preempting - 1:>5} preempting; ms/step ours {ours.ms_per_step:.3f}, "
+            f"{preempting:>5} preempting; ms/step ours {ours.ms_per_step:.3f}, "
             f"vLLM {theirs.ms_per_step}",
             flush=True,
         )
@@ -102,7 +123,9 @@ def run_matrix(names: list[str], out: Path) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.vllm_parity.matrix", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m experiments.vllm_parity.matrix", description=__doc__
+    )
     p.add_argument("--out", type=Path, default=Path("outputs/vllm_parity_matrix"))
     p.add_argument("--only", nargs="+", choices=sorted(CASES), help="these cases only")
     a = p.parse_args(argv)

@@ -48,7 +48,6 @@ COLUMNS = [
 @dataclass(frozen=True)
 class OurRun:
     steps_csv: Path
-    steps: int
     ms_per_step: float  # schedule + update per step, as the tool measures vLLM's
     unfinished: int
 
@@ -167,7 +166,7 @@ def run_ours(stream: Path, settings: Settings, out_dir: Path) -> OurRun:
             if stalled > 1000:
                 break
     unfinished = sum(1 for r in made.values() if not r.is_finished) + (n - pi)
-    return OurRun(path, steps, 1000 * busy / max(steps, 1), unfinished)
+    return OurRun(path, 1000 * busy / max(steps, 1), unfinished)
 
 
 def _priorities(stream: Path) -> dict[str, int]:

@@ -105,7 +105,6 @@ class Settings:
 class ReferenceRun:
     steps_csv: Path
     ms_per_step: float | None  # vLLM's schedule + update per step, as the tool measured it
-    log: str
 
 
 def run_vllm(stream: Path, settings: Settings, out_dir: Path) -> ReferenceRun:
@@ -128,4 +127,4 @@ def run_vllm(stream: Path, settings: Settings, out_dir: Path) -> ReferenceRun:
         sys.stderr.write(done.stderr)
         raise RuntimeError(f"vLLM replay failed (exit {done.returncode}): {' '.join(cmd)}")
     found = re.search(r"schedule\+update ([0-9.]+) ms/step", done.stderr)
-    return ReferenceRun(steps, float(found.group(1)) if found else None, done.stderr)
+    return ReferenceRun(steps, float(found.group(1)) if found else None)

@@ -130,6 +130,8 @@ class EngineCore:
                 measured = True
         else:
             result, end, latency = ExecutorOutput(sampled_token_ids=[]), start, 0.0
+        spec = sched.spec_stats
+        drafted, accepted = spec.num_draft_tokens, spec.num_accepted_tokens
         finished = sched.update_from_output(out, result, end)
         if measured:
             # The step lasts until the next can start, accounting included, so that
@@ -149,8 +151,8 @@ class EngineCore:
             kv_tokens=kv,
             attn_pairs=pairs,
             max_kv=max_kv,
-            num_draft_tokens=sum(map(len, out.spec_token_ids.values())) if out.spec_token_ids else 0,
-            num_accepted_tokens=sched.num_accepted_last_step,
+            num_draft_tokens=spec.num_draft_tokens - drafted,
+            num_accepted_tokens=spec.num_accepted_tokens - accepted,
             finished=finished,
             scheduler_output=out,
         )

@@ -43,8 +43,12 @@ def decode_horizon(sched: Scheduler, max_steps: int) -> int:
         or sched.has_unreported_finishes
     ):
         return 0
-    if cfg.num_speculative_tokens or len(running) > cfg.max_num_batched_tokens:
-        return 0  # speculation: every step verifies drafts and counts proposals
+    if (
+        cfg.num_speculative_tokens  # every step verifies drafts and counts proposals
+        or cfg.num_lookahead_tokens  # the jump's block count leaves lookahead slots out
+        or len(running) > cfg.max_num_batched_tokens
+    ):
+        return 0
     if sched.policy_sees_each_step:
         return 0
     if sched.waiting and (

@@ -38,7 +38,6 @@ class Scheduler:
         self.requests: dict[str, Request] = {}  # every unfinished request
         self.num_preemptions = 0
         self.spec_stats = SpecDecodingStats()
-        self.num_accepted_last_step = 0  # draft tokens the last update accepted
         self._step_id = 0
         self._arrivals = 0
         self._finished_ids: list[str] = []  # for the executor, in the next output
@@ -169,9 +168,11 @@ class Scheduler:
         cfg, policy = self.config, self.policy
         # As vLLM: the cap keeps a long prefill from starving the others, so it
         # applies only when there are others (running or queued at step start).
-        num_eligible = len(self.running) + len(self.waiting) + len(self.ready) + len(self.loading)
         threshold = cfg.long_prefill_token_threshold if cfg.enable_chunked_prefill else 0
-        self._long_prefill_threshold = threshold if num_eligible > 1 else 0
+        if threshold:
+            others = len(self.running) + len(self.waiting) + len(self.ready) + len(self.loading)
+            threshold = threshold if others > 1 else 0
+        self._long_prefill_threshold = threshold
         if policy.reorder_running and len(self.running) > 1:
             self.running.sort(key=lambda r: (policy.key(r, now), r.arrival_seq))
         budget = self._schedule_running(out, cfg.max_num_batched_tokens, now)
@@ -382,7 +383,6 @@ class Scheduler:
         accepted = result.num_accepted_drafts
         drafts = result.draft_token_ids
         spec_k = self.config.num_speculative_tokens
-        self.num_accepted_last_step = 0
         finished = self._newly_finished
         self._newly_finished = []
         for i, req in enumerate(out.requests):
@@ -407,7 +407,6 @@ class Scheduler:
                     req.num_draft_tokens += n_spec
                     req.num_accepted_tokens += len(tokens) - 1
                     self.spec_stats.observe(n_spec, len(tokens) - 1)
-                    self.num_accepted_last_step += len(tokens) - 1
                     req.spec_token_ids = ()
             if samples:
                 if self._append_tokens(req, tokens, now):

@@ -67,10 +67,12 @@ class DraftModelProposer:
         dtype = next(model.parameters()).dtype
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         self.kv_caches = [
-            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            (
+                torch.zeros(shape, dtype=dtype, device=device),
+                torch.zeros(shape, dtype=dtype, device=device),
+            )
             for _ in range(num_layers)
         ]
-        self.tables: dict[str, list[int]] = {}  # the target's, set by the executor
         self._probs: dict[str, torch.Tensor] = {}  # sampled requests' draft distributions
         self._generators: dict[str, torch.Generator] = {}
         self.num_computed_tokens = 0  # tokens run through the draft, all steps
@@ -95,10 +97,9 @@ class DraftModelProposer:
         return gen
 
     def _run(self, rows) -> torch.Tensor:
-        """One forward pass over ``rows`` of ``(request_id, tokens, first position)``;
+        """One forward pass over ``rows`` of ``(block table, tokens, first position)``;
         the hidden state of each row's last token."""
-        batch = [(self.tables[rid], toks, start) for rid, toks, start in rows]
-        ids, positions, meta, q_start = flatten(batch, self.block_size, self.device)
+        ids, positions, meta, q_start = flatten(rows, self.block_size, self.device)
         hidden = self.model(ids, positions, meta, self.kv_caches, self.backend)
         self.num_computed_tokens += ids.numel()
         return hidden[[q - 1 for q in q_start[1:]]]
@@ -122,48 +123,47 @@ class DraftModelProposer:
 
     @torch.inference_mode()
     def propose(
-        self, so: SchedulerOutput, sampled: list[list[int]], limits: list[int]
+        self,
+        so: SchedulerOutput,
+        sampled: list[list[int]],
+        limits: list[int],
+        tables: dict[str, list[int]],
     ) -> dict[str, list[int]]:
-        """Drafts for each request that sampled (at most ``limits[i]``, <= k), after
-        bringing the draft's KV up to every token the target step made certain."""
-        rows, proposing, starts = [], [], []
+        """Drafts for each request that sampled (at most ``limits[i]`` and k), after
+        bringing the draft's KV (in ``tables``' blocks, the target's) up to every
+        token the target step made certain."""
+        rows, proposing = [], []  # proposing: (request's row, its sampled token's position)
         for i, req in enumerate(so.requests):
-            ctx, n = so.context_lens[i], so.num_scheduled_tokens[i]
-            new = sampled[i]
+            ctx, n, new = so.context_lens[i], so.num_scheduled_tokens[i], sampled[i]
+            table = tables[req.request_id]
             if not new:  # a prefill chunk: its tokens, nothing to draft
-                rows.append((req.request_id, token_slice(req, ctx, ctx + n), ctx))
+                rows.append((table, token_slice(req, ctx, ctx + n), ctx))
                 continue
             # The step's tokens up to its last real one, the accepted drafts, then
             # the token just sampled (at the first rejected draft's position).
             m = len(so.spec_token_ids.get(req.request_id, ()))
             end = ctx + n - m + len(new) - 1
-            rows.append((req.request_id, token_slice(req, ctx, end) + [new[-1]], ctx))
+            rows.append((table, token_slice(req, ctx, end) + [new[-1]], ctx))
             self._probs.pop(req.request_id, None)
             if limits[i] > 0:
-                proposing.append(i)
-                starts.append(end)  # the sampled token's position
-        if not proposing:
-            if rows:
-                self._run(rows)
-            return {}
-        last = self._run(rows)
-        drafts = {so.requests[i].request_id: [] for i in proposing}
-        active = list(zip(proposing, starts, strict=True))  # (request's row, position)
-        logits = self.model.logits(last[proposing])  # one row per scheduled request
-        for step in range(self.k):
-            reqs = [so.requests[i] for i, _ in active]
-            chosen = self._choose(logits, reqs)
-            nxt = []
+                proposing.append((i, end))
+        last = self._run(rows)  # one row per scheduled request
+        drafts = {so.requests[i].request_id: [] for i, _ in proposing}
+        active = proposing
+        if active:
+            logits = self.model.logits(last[[i for i, _ in active]])
+        while active:
+            chosen = self._choose(logits, [so.requests[i] for i, _ in active])
+            more = []
             for (i, pos), tok in zip(active, chosen, strict=True):
-                d = drafts[so.requests[i].request_id]
+                req = so.requests[i]
+                d = drafts[req.request_id]
                 d.append(tok)
                 if len(d) < min(self.k, limits[i]):
-                    nxt.append((i, pos + 1))
-            if not nxt or step == self.k - 1:
-                break
-            active = nxt
-            last = self._run(
-                [(so.requests[i].request_id, [drafts[so.requests[i].request_id][-1]], pos) for i, pos in active]
-            )
-            logits = self.model.logits(last)
+                    more.append((i, pos + 1))
+            active = more
+            if active:
+                ids = [so.requests[i].request_id for i, _ in active]
+                rows = [(tables[r], [drafts[r][-1]], pos) for r, (_, pos) in zip(ids, active)]
+                logits = self.model.logits(self._run(rows))
         return drafts

@@ -52,11 +52,9 @@ class ModelExecutor:
         self.tables: dict[str, list[int]] = {}
         self.sampler = Sampler(device, seed)
         self.rejection_sampler = RejectionSampler(self.sampler)
-        # Proposes each sampling request's next drafts: ``propose(so, sampled, limits)``,
-        # ``draft_probs(request_id, m)``, ``forget(request_id)``.
+        # Proposes each sampling request's next drafts (``propose(so, sampled, limits,
+        # tables)``, ``draft_probs(request_id, m)``, ``forget(request_id)``).
         self.proposer = proposer
-        if hasattr(proposer, "tables"):
-            proposer.tables = self.tables  # a draft model's KV uses the target's blocks
         self.proposer_time = ProposerTime()  # the proposer's time per step, for the simulator
         self._num_proposing = 0  # requests the last step's proposer drafted for
         self.num_computed_tokens = 0  # tokens run through the model, all steps
@@ -181,4 +179,5 @@ class ModelExecutor:
             for req, new in zip(so.requests, sampled, strict=True)
         ]
         self._num_proposing = sum(1 for lim in limits if lim > 0)
-        return self.proposer.propose(so, sampled, limits)
+        # A draft model's KV lives in blocks of the target's tables.
+        return self.proposer.propose(so, sampled, limits, self.tables)

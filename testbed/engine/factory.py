@@ -60,11 +60,16 @@ def make_proposer(
         raise ValueError(f"speculative_config.{field}: {why}")
 
     if cfg.vocab_size != target_cfg.vocab_size:
-        refuse("model", f"{name}'s vocabulary ({cfg.vocab_size}) is not the target's "
-                        f"({target_cfg.vocab_size})")  # fmt: skip
+        refuse(
+            "model",
+            f"{name}'s vocabulary ({cfg.vocab_size}) is not the target's ({target_cfg.vocab_size})",
+        )
     if cfg.max_model_len < max_model_len:
-        refuse("model", f"{name}'s context ({cfg.max_model_len}) is shorter than the target's "
-                        f"max_model_len ({max_model_len}): it could not draft that far")  # fmt: skip
+        refuse(
+            "model",
+            f"{name}'s context ({cfg.max_model_len}) is shorter than the target's "
+            f"max_model_len ({max_model_len}): it could not draft that far",
+        )
     layers = speculative.draft_num_layers or cfg.num_layers
     if layers > cfg.num_layers:
         refuse("draft_num_layers", f"{layers}, but {name} has {cfg.num_layers} layers")
@@ -158,9 +163,16 @@ def build_engine(
         device,
         args.seed,
         proposer=make_proposer(
-            speculative, model, (cfg, folder, name), max_len, blocks, args.block_size,
-            select_backend(args.attention_backend, device), device, args.seed,
-        ),  # fmt: skip
+            speculative,
+            model,
+            (cfg, folder, name),
+            max_len,
+            blocks,
+            args.block_size,
+            select_backend(args.attention_backend, device),
+            device,
+            args.seed,
+        ),
     )
     if device.type == "cuda":
         executor.warm_up()  # no kernel compiles inside a run's first steps

@@ -50,10 +50,12 @@ class NgramProposer:
         ]
 
     def propose(
-        self, so: SchedulerOutput, sampled: list[list[int]], limits: list[int]
+        self, so: SchedulerOutput, sampled: list[list[int]], limits: list[int], tables=None
     ) -> dict[str, list[int]]:
         """Drafts for each request of the step that sampled (the proposers' interface)."""
-        reqs = [(r, new, lim) for r, new, lim in zip(so.requests, sampled, limits, strict=True) if new]
+        reqs = [
+            (r, new, lim) for r, new, lim in zip(so.requests, sampled, limits, strict=True) if new
+        ]
         contexts = [[*r.prompt_token_ids, *r.output_token_ids, *new] for r, new, _ in reqs]
         drafts = self.propose_many(contexts, [lim for _, _, lim in reqs])
         return {r.request_id: d for (r, _, _), d in zip(reqs, drafts, strict=True) if d}

@@ -55,16 +55,18 @@ class Sampler:
                 for i in rows
             ]
         )
-        gumbel = -torch.log(-torch.log(u.clamp_(min=1e-20)))
-        out[rows] = (scaled + gumbel).argmax(dim=-1)
+        out[rows] = (scaled + gumbel(u)).argmax(dim=-1)
         return out.tolist()
-
 
     def draw(self, weights: torch.Tensor, generator: torch.Generator) -> int:
         """One index drawn with probability proportional to ``weights`` (>= 0, 1-D)."""
         u = torch.rand(weights.shape[-1], generator=generator, device=weights.device)
-        gumbel = -torch.log(-torch.log(u.clamp_(min=1e-20)))
-        return int((torch.log(weights) + gumbel).argmax())
+        return int((torch.log(weights) + gumbel(u)).argmax())
+
+
+def gumbel(u: torch.Tensor) -> torch.Tensor:
+    """Gumbel noise from uniforms ``u``: argmax(logits + it) draws from softmax(logits)."""
+    return -torch.log(-torch.log(u.clamp_(min=1e-20)))
 
 
 def process_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

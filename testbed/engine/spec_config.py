@@ -35,7 +35,9 @@ class SpeculativeConfig:
             refuse("method", f"{self.method!r} is not one of {', '.join(METHODS)}")
         k = self.num_speculative_tokens
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
-            refuse("num_speculative_tokens", f"{k!r} is not an integer in 1..{MAX_SPECULATIVE_TOKENS}")
+            refuse(
+                "num_speculative_tokens", f"{k!r} is not an integer in 1..{MAX_SPECULATIVE_TOKENS}"
+            )
         if self.method == "ngram":
             lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
             if not (isinstance(lo, int) and lo >= 1):

@@ -56,7 +56,8 @@ def simulate(
             acceptance,
             seed=cfg.seed + i,
             propose_s=(
-                engine.speculative.propose_s_per_step, engine.speculative.propose_s_per_request
+                engine.speculative.propose_s_per_step,
+                engine.speculative.propose_s_per_request,
             ),
             speed=speed,
             clock=clock,

@@ -72,8 +72,15 @@ def write_reference_probe(run_dir: Path, table: pd.DataFrame) -> None:
 def write_spec_acceptance(run_dir: Path, table: list[dict]) -> None:
     """``spec_acceptance.csv``: speculative decoding per draft position (the
     simulator's acceptance model reads it: ``engine.speculative.acceptance_table``)."""
-    columns = ["position", "offered", "proposed", "proposal_rate", "verified", "accepted",
-               "acceptance_rate"]  # fmt: skip
+    columns = [
+        "position",
+        "offered",
+        "proposed",
+        "proposal_rate",
+        "verified",
+        "accepted",
+        "acceptance_rate",
+    ]
     pd.DataFrame(table, columns=columns).to_csv(
         run_dir / "spec_acceptance.csv", index=False, float_format="%.6g"
     )

@@ -59,7 +59,9 @@ class AcceptanceModel:
         except OSError as e:
             raise InputError(f"{path}: cannot read the acceptance table ({e.strerror})") from e
         if missing := [c for c in TABLE_COLUMNS if c not in columns]:
-            raise InputError(f"{path}: the acceptance table needs the column(s) {', '.join(missing)}")
+            raise InputError(
+                f"{path}: the acceptance table needs the column(s) {', '.join(missing)}"
+            )
         proposal, acceptance = [0.0] * k, [0.0] * k
         for i, row in enumerate(rows):
             line = i + 2  # the header is line 1
@@ -68,7 +70,9 @@ class AcceptanceModel:
                 try:
                     values[name] = float(row[name])
                 except (TypeError, ValueError):
-                    raise InputError(f"{path}, line {line}: {name}={row[name]!r} is not a number") from None
+                    raise InputError(
+                        f"{path}, line {line}: {name}={row[name]!r} is not a number"
+                    ) from None
             if values["position"] != i:
                 raise InputError(f"{path}, line {line}: position={row['position']}, expected {i}")
             for name in ("proposal_rate", "acceptance_rate"):

@@ -67,17 +67,35 @@ def test_ngram_matches_the_rule_spelled_out_on_random_contexts():
     [
         ({"method": "medusa", "num_speculative_tokens": 2}, "method"),
         ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
-        ({"method": "ngram", "num_speculative_tokens": MAX_SPECULATIVE_TOKENS + 1},
-         "num_speculative_tokens"),  # fmt: skip
+        (
+            {"method": "ngram", "num_speculative_tokens": MAX_SPECULATIVE_TOKENS + 1},
+            "num_speculative_tokens",
+        ),
         ({"method": "ngram", "num_speculative_tokens": 2.5}, "num_speculative_tokens"),
         ({"method": "ngram"}, "num_speculative_tokens"),
-        ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 0},
-         "prompt_lookup_min"),  # fmt: skip
-        ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 3,
-          "prompt_lookup_max": 2}, "prompt_lookup_max"),  # fmt: skip
+        (
+            {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 0},
+            "prompt_lookup_min",
+        ),
+        (
+            {
+                "method": "ngram",
+                "num_speculative_tokens": 2,
+                "prompt_lookup_min": 3,
+                "prompt_lookup_max": 2,
+            },
+            "prompt_lookup_max",
+        ),
         ({"method": "draft_model", "num_speculative_tokens": 2}, "model"),
-        ({"method": "draft_model", "num_speculative_tokens": 2, "model": "x",
-          "draft_num_layers": 0}, "draft_num_layers"),  # fmt: skip
+        (
+            {
+                "method": "draft_model",
+                "num_speculative_tokens": 2,
+                "model": "x",
+                "draft_num_layers": 0,
+            },
+            "draft_num_layers",
+        ),
         ({"method": "ngram", "num_speculative_tokens": 2, "lookahead": 3}, "lookahead"),
     ],
 )
@@ -176,7 +194,9 @@ def repetitive_prompts(n: int = 10, seed: int = 0) -> list[list[int]]:
     out = []
     for i in range(n):
         phrase = [rng.randrange(3, 500) for _ in range(rng.randint(3, 6))]
-        body = phrase * rng.randint(2, 4) + [rng.randrange(3, 500) for _ in range(rng.randint(0, 9))]
+        body = phrase * rng.randint(2, 4) + [
+            rng.randrange(3, 500) for _ in range(rng.randint(0, 9))
+        ]
         out.append(shared + body if i % 2 else [1, *body])
     return out
 
@@ -190,11 +210,19 @@ def without_speculation() -> list[list[int]]:
 
 def proposer(method: str, k: int) -> dict:
     if method == "ngram":
-        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2,
-                "prompt_lookup_max": 4}  # fmt: skip
+        return {
+            "method": "ngram",
+            "num_speculative_tokens": k,
+            "prompt_lookup_min": 2,
+            "prompt_lookup_max": 4,
+        }
     # stories260K's first 4 of its 5 layers: a draft that is often, not always, right.
-    return {"method": "draft_model", "model": stories(), "num_speculative_tokens": k,
-            "draft_num_layers": 4}  # fmt: skip
+    return {
+        "method": "draft_model",
+        "model": stories(),
+        "num_speculative_tokens": k,
+        "draft_num_layers": 4,
+    }
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft_model"])

@@ -11,7 +11,7 @@ import pytest
 
 from experiments.vllm_parity import reference
 from experiments.vllm_parity.cli import main, run_pair
-from experiments.vllm_parity.compare import compare
+from experiments.vllm_parity.compare import compare, read_steps
 from experiments.vllm_parity.ours import run_ours
 from experiments.vllm_parity.reference import Settings
 from experiments.vllm_parity.streams import StreamSpec, write_stream
@@ -63,15 +63,8 @@ def test_every_step_is_the_one_vllm_schedules(case, tmp_path):
     assert result.same, result.summary()
     assert result.identical == result.steps_vllm > 0 and ours.unfinished == 0
     if case in ("threshold-tight-cache", "shared-prefixes-preempting", "priority"):
-        preempting = [r for r in compare_rows(theirs.steps_csv) if r["preempted"]]
+        preempting = [r for r in read_steps(theirs.steps_csv).values() if r["preempted"]]
         assert preempting, "the case was meant to preempt"
-
-
-def compare_rows(path):
-    import csv
-
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
 
 
 def test_the_comparison_finds_the_first_step_that_differs(tmp_path):

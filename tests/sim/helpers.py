@@ -53,7 +53,12 @@ def run_and_signal(args: list[str], sig: int, run_dir: Path) -> tuple[int, str, 
     cmd = [sys.executable, str(ROOT / "run.py"), *args, "progress=true", f"hydra.run.dir={run_dir}"]
     env = {**os.environ, "TESTBED_NO_BOOTSTRAP": "1"}
     proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         # A shell's background job (nohup ... &) ignores SIGINT, and so would the run.
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )

@@ -49,7 +49,7 @@ def test_a_table_gives_each_positions_rates_and_nothing_past_its_rows(tmp_path):
 )
 def test_a_bad_table_is_refused_naming_file_line_and_field(tmp_path, rows, header, message):
     path = write_table(tmp_path / "bad.csv", rows, *([header] if header else []))
-    with pytest.raises(InputError, match="bad.csv") as err:
+    with pytest.raises(InputError, match=r"bad\.csv") as err:
         AcceptanceModel.from_csv(path, k=2)
     assert message in str(err.value)
 
@@ -59,9 +59,11 @@ def simulate_spec(requests, fast_forward, acceptance):
 
     def make_engine(i, clock):
         cfg = SchedulerConfig(
-            max_num_batched_tokens=2048, max_num_seqs=64, max_model_len=8192,
+            max_num_batched_tokens=2048,
+            max_num_seqs=64,
+            max_model_len=8192,
             num_speculative_tokens=acceptance.k,
-        )  # fmt: skip
+        )
         sched = Scheduler(cfg, KVCacheManager(4000, 16, True), make_policy("fcfs"))
         return EngineCore(sched, SimExecutor(lat, acceptance, seed=i), clock)
 
@@ -84,10 +86,14 @@ def test_a_simulation_reproduces_the_rates_of_the_table_it_reads(tmp_path):
     standard errors of the one it read."""
     path = write_table(tmp_path / "t.csv", ["0,0.6,0.7", "1,0.9,0.5", "2,0.8,0.4"])
     overrides = [
-        "mode=sim", "trace.num_requests=300", "logging=disabled", "progress=false",
-        "engine.speculative.method=ngram", "engine.speculative.num_speculative_tokens=3",
+        "mode=sim",
+        "trace.num_requests=300",
+        "logging=disabled",
+        "progress=false",
+        "engine.speculative.method=ngram",
+        "engine.speculative.num_speculative_tokens=3",
         f"engine.speculative.acceptance_table={path}",
-    ]  # fmt: skip
+    ]
     run_from_config(compose_cfg(*overrides), tmp_path / "run")
     out = pd.read_csv(tmp_path / "run" / "spec_acceptance.csv")
     for k, (p, a) in enumerate([(0.6, 0.7), (0.9, 0.5), (0.8, 0.4)]):
@@ -98,10 +104,14 @@ def test_a_simulation_reproduces_the_rates_of_the_table_it_reads(tmp_path):
 
 def test_engine_speculative_is_checked_at_start_naming_the_field(tmp_path):
     bad = ["mode=sim", "engine.speculative.method=ngram", "engine.speculative.prompt_lookup_min=0"]
-    with pytest.raises(InputError, match="engine.speculative.prompt_lookup_min"):
+    with pytest.raises(InputError, match=r"engine\.speculative\.prompt_lookup_min"):
         run_from_config(compose_cfg(*bad), tmp_path / "run")
     with pytest.raises(InputError, match="acceptance_table=auto: no table at"):
-        auto = ["mode=sim", "engine.speculative.method=ngram", "engine.speculative.acceptance_table=auto"]
+        auto = [
+            "mode=sim",
+            "engine.speculative.method=ngram",
+            "engine.speculative.acceptance_table=auto",
+        ]
         run_from_config(compose_cfg(*auto, "logging=disabled"), tmp_path / "run2")
 
 
