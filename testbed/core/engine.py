@@ -57,7 +57,8 @@ class StepResult:
     kv_tokens: int = 0  # K/V entries the step's attention reads (SchedulerOutput.features)
     attn_pairs: float = 0.0  # (query, key) pairs it computes
     max_kv: int = 0  # the most K/V entries one request reads
-    num_draft_tokens: int = 0  # speculative decoding: drafts verified in the step
+    num_spec_reqs: int = 0  # speculative decoding: requests verifying drafts in the step
+    num_draft_tokens: int = 0  # ... the drafts they verified
     num_accepted_tokens: int = 0  # ... and accepted
     finished: list[Request] = field(default_factory=list)
     scheduler_output: SchedulerOutput | None = None
@@ -131,7 +132,11 @@ class EngineCore:
         else:
             result, end, latency = ExecutorOutput(sampled_token_ids=[]), start, 0.0
         spec = sched.spec_stats
-        drafted, accepted = spec.num_draft_tokens, spec.num_accepted_tokens
+        verified, drafted, accepted = (
+            spec.num_drafts,
+            spec.num_draft_tokens,
+            spec.num_accepted_tokens,
+        )
         finished = sched.update_from_output(out, result, end)
         if measured:
             # The step lasts until the next can start, accounting included, so that
@@ -151,6 +156,7 @@ class EngineCore:
             kv_tokens=kv,
             attn_pairs=pairs,
             max_kv=max_kv,
+            num_spec_reqs=spec.num_drafts - verified,
             num_draft_tokens=spec.num_draft_tokens - drafted,
             num_accepted_tokens=spec.num_accepted_tokens - accepted,
             finished=finished,

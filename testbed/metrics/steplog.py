@@ -30,6 +30,7 @@ INT_COLUMNS = (
     "num_waiting",
     "num_running",
     "num_preempted",
+    "num_spec_reqs",
     "num_draft_tokens",
     "num_accepted_tokens",
 )
@@ -47,6 +48,7 @@ ORDER = (
     "kv_tokens",
     "attn_pairs",
     "max_kv",
+    "num_spec_reqs",
     "num_draft_tokens",
     "num_accepted_tokens",
 )
@@ -116,6 +118,7 @@ class StepLog:
         kv_tokens: float = 0.0,
         attn_pairs: float = 0.0,
         max_kv: float = 0.0,
+        num_spec_reqs: int = 0,
         num_draft_tokens: int = 0,
         num_accepted_tokens: int = 0,
     ) -> None:
@@ -135,6 +138,7 @@ class StepLog:
             num_waiting,
             num_running,
             num_preempted,
+            num_spec_reqs,
             num_draft_tokens,
             num_accepted_tokens,
         )
@@ -157,12 +161,24 @@ class StepLog:
             res.kv_tokens,
             res.attn_pairs,
             res.max_kv,
+            res.num_spec_reqs,
             res.num_draft_tokens,
             res.num_accepted_tokens,
         )
 
     def _run(
-        self, n, replica, reqs, prefill, decode, waiting, running, preempted, drafts=0, accepted=0
+        self,
+        n,
+        replica,
+        reqs,
+        prefill,
+        decode,
+        waiting,
+        running,
+        preempted,
+        verifying=0,
+        drafts=0,
+        accepted=0,
     ) -> None:
         i = self._ints
         self._runs.append(n)
@@ -173,6 +189,7 @@ class StepLog:
         i["num_waiting"].append(waiting)
         i["num_running"].append(running)
         i["num_preempted"].append(preempted)
+        i["num_spec_reqs"].append(verifying)
         i["num_draft_tokens"].append(drafts)
         i["num_accepted_tokens"].append(accepted)
 

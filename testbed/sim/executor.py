@@ -52,6 +52,8 @@ class SimExecutor:
 
     def execute(self, so: SchedulerOutput) -> ExecutorOutput:
         latency = self.latency_model.predict(*step_features(so))
+        if so.spec_token_ids:  # requests verifying drafts, beyond their tokens
+            latency += self.latency_model.verification_s(len(so.spec_token_ids))
         if self.speed is not None:
             latency *= self.speed.at(self.clock())
         model = self.acceptance

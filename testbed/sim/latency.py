@@ -60,6 +60,11 @@ class LatencyModel(Protocol):
         """Seconds one step with this composition takes."""
         ...
 
+    def verification_s(self, num_spec_reqs):
+        """Seconds that ``num_spec_reqs`` requests verifying drafts (speculative
+        decoding) add to a step beyond what its features say (a number or an array)."""
+        ...
+
     def predict_many(
         self,
         num_reqs: int,

@@ -15,12 +15,27 @@ from testbed.sim.latency import FEATURES
 GROUP_WEIGHTS = {"replay": 4.0, "point": 1.0}  # profile rows: realistic steps vs grid
 
 
+def spec_requests(table: pd.DataFrame) -> np.ndarray:
+    """Requests verifying drafts in each row of a profile table: its grid's
+    verification points' decoders (``drafts`` > 0), else none."""
+    if "drafts" not in table.columns or "decode_batch" not in table.columns:
+        return np.zeros(len(table))
+    drafts = table["drafts"].fillna(0).to_numpy(float)
+    return np.where(drafts > 0, table["decode_batch"].fillna(0).to_numpy(float), 0.0)
+
+
 class ProfileModel:
     """Fitted to measured steps: a non-negative combination of :func:`profile_basis`.
 
     Non-negative coefficients keep predictions positive and monotone in every
     feature, and growing at most linearly outside the measured grid. The fit
     minimises relative error, so short steps count as much as long ones.
+
+    Where the table has verification points (decoders each verifying drafts),
+    the fit also has a term per request verifying drafts: such a request is a
+    multi-token query that the step features count as prefill-like tokens, but
+    that costs a CPU attention path a per-sequence loop (about 0.4 ms per request
+    for stories260K on one core, at any context). :meth:`verification_s` gives it.
     """
 
     kind = "profile"
@@ -43,6 +58,9 @@ class ProfileModel:
         counts = np.bincount(size, minlength=DECODE_SIZES + 1)
         sizes = [k for k in range(1, DECODE_SIZES + 1) if counts[k] >= DECODE_SIZE_ROWS]
         terms = [*smooth, *((size == k).astype(float) for k in sizes)]
+        verifying = spec_requests(table)
+        if verifying.any():
+            terms.append(verifying)
         x = np.column_stack([np.broadcast_to(b, len(table)) for b in terms])
         if len(table) < len(smooth):
             raise ValueError(f"{self.path}: {len(table)} step rows are too few to fit")
@@ -72,8 +90,10 @@ class ProfileModel:
         self._coef = [float(c) for c in self.coef[: len(smooth)]]  # Python floats: fast
         # A decode-only batch's own term by its size (0: any other step).
         self._decode_extra = [0.0] * (DECODE_SIZES + 1)
-        for k, c in zip(sizes, self.coef[len(smooth) :], strict=True):
+        for k, c in zip(sizes, self.coef[len(smooth) : len(smooth) + len(sizes)], strict=True):
             self._decode_extra[k] = float(c)
+        # Per request verifying drafts (0: a table without verification points).
+        self._per_spec_request = float(self.coef[-1]) if verifying.any() else 0.0
         pred = x @ self.coef
         self.fit_rel_error = float(np.median(np.abs(pred - y) / y))
         # The table's own digest: two profiles with the same header (a pass measured
@@ -97,6 +117,11 @@ class ProfileModel:
         if num_tokens == num_reqs <= DECODE_SIZES:  # decode_size, for one step
             total = total + self._decode_extra[int(num_reqs)]
         return total
+
+    def verification_s(self, num_spec_reqs):
+        """What ``num_spec_reqs`` requests verifying drafts add to a step's
+        :meth:`predict` (a number or an array)."""
+        return self._per_spec_request * num_spec_reqs
 
     def predict_many(self, num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv):
         """:meth:`predict` where any feature may be an array: the same operations

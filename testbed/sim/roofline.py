@@ -30,6 +30,10 @@ class RooflineModel:
         hw = self.hw
         return hw.step_overhead_s + hw.request_overhead_s * num_reqs + linear + attention
 
+    def verification_s(self, num_spec_reqs):
+        """Nothing: a roofline charges a verification's tokens like any others."""
+        return 0.0 * num_spec_reqs
+
     def predict_many(self, num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv):
         linear = np.maximum(num_tokens * self._s_per_token_flops, self._s_weights)
         attention = np.maximum(attn_pairs * self._s_per_pair, kv_tokens * self._s_per_kv_token)

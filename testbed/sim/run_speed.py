@@ -18,15 +18,20 @@ def step_column(steps, name: str) -> np.ndarray:
 
 
 def predict_logged_steps(model: LatencyModel, steps) -> np.ndarray:
-    """The model's prediction of each logged step from its composition (``steps``:
-    see :func:`step_column`)."""
-    return model.predict_many(
+    """The model's prediction of each logged step from its composition and its
+    requests verifying drafts (``steps``: see :func:`step_column`; a ``steps.csv``
+    from before that column: none)."""
+    pred = model.predict_many(
         step_column(steps, "num_reqs"),
         step_column(steps, "num_prefill_tokens") + step_column(steps, "num_decode_tokens"),
         step_column(steps, "attn_pairs"),
         step_column(steps, "kv_tokens"),
         step_column(steps, "max_kv"),
     )
+    columns = steps.columns if hasattr(steps, "columns") else ()
+    if hasattr(steps, "column") or "num_spec_reqs" in columns:
+        pred = pred + model.verification_s(step_column(steps, "num_spec_reqs"))
+    return pred
 
 
 SPEED_WINDOW_S = 60.0  # run time over which :func:`speed_against` reports the speed's range

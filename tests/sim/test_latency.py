@@ -307,3 +307,56 @@ def test_a_real_runs_speed_against_its_profile_is_its_busy_time_over_the_predict
     idle = StepLog()
     idle.add(0, 0.0, 0.05, 0, 0, 0, 0.0, 0, 0, 0)
     assert speed_against(model, idle) == {}
+
+
+def test_profile_model_charges_requests_verifying_drafts_their_own_cost(tmp_path):
+    # Steps cost a base by their features plus 0.4 ms per request verifying drafts
+    # (a CPU attention path's per-sequence loop), which the features alone cannot
+    # tell from a prefill chunk's tokens: the verification points pin it.
+    rng = np.random.default_rng(3)
+    per_request = 4e-4
+
+    def base(reqs, tokens, ctx):
+        return 2e-3 + 1e-4 * reqs + 2e-5 * tokens + 1e-8 * reqs * ctx
+
+    lines = [
+        "kind,grid,decode_batch,context,prefill_tokens,drafts,"
+        "num_reqs,num_tokens,attn_pairs,kv_tokens,max_kv,latency_s"
+    ]
+    for grid in ("point", "replay"):
+        for reqs in (1, 2, 4, 8, 16, 32, 64):
+            for ctx in (64, 256, 1024):
+                noise = 1 + 0.02 * rng.standard_normal()
+                lat = base(reqs, reqs, ctx) * noise
+                lines.append(
+                    f"step,{grid},{reqs},{ctx},0,0,{reqs},{reqs},{reqs * (ctx + 1)},"
+                    f"{reqs * (ctx + 1)},{ctx + 1},{lat}"
+                )
+                n = 64 if grid == "point" else 1  # one prefill chunk beside the decodes
+                lines.append(
+                    f"step,{grid},{reqs},{ctx},{n},0,{reqs + 1},{reqs + n},"
+                    f"{reqs * (ctx + 1) + n * (n + 1) / 2},{reqs * (ctx + 1) + n},{ctx + 1},"
+                    f"{base(reqs + 1, reqs + n, ctx) * noise}"
+                )
+    for reqs in (1, 4, 16, 64):
+        for ctx in (256, 1024):
+            t = 4 * reqs
+            lat = base(reqs, t, ctx) + per_request * reqs
+            lines.append(
+                f"step,point,{reqs},{ctx},0,3,{reqs},{t},{reqs * 4 * (ctx + 2.5)},"
+                f"{reqs * (ctx + 4)},{ctx + 4},{lat}"
+            )
+    path = tmp_path / "spec.csv"
+    path.write_text("\n".join(lines) + "\n")
+    model = ProfileModel(path)
+    assert model.verification_s(1) == pytest.approx(per_request, rel=0.15)
+    assert model.verification_s(np.array([0.0, 10.0])).tolist() == [
+        0.0,
+        pytest.approx(10 * per_request, rel=0.15),
+    ]
+    # 64 requests verifying 3 drafts each at context 256: features + their term.
+    pred = model.predict(64, 256, 64 * 4 * 258.5, 64 * 260, 260) + model.verification_s(64)
+    assert pred == pytest.approx(base(64, 256, 256) + 64 * per_request, rel=0.1)
+    # A table without verification points has no such term.
+    path.write_text("\n".join(line for line in lines if ",0,3," not in line) + "\n")
+    assert ProfileModel(path).verification_s(5) == 0.0

@@ -130,3 +130,44 @@ def test_the_proposers_time_is_fitted_per_step_and_per_request():
         flat.observe(n, 0.003 - 0.0001 * n)  # falling with n: a constant, never negative
     a, b = flat.fit()
     assert b == 0.0 and a == pytest.approx(0.003 - 0.0001 * 7 / 3)
+
+
+class VerifyingLatency:
+    """A latency model whose steps cost 1 s more per request verifying drafts."""
+
+    def __init__(self, base) -> None:
+        self.base, self.kind, self.source = base, base.kind, base.source
+
+    def predict(self, *features):
+        return self.base.predict(*features)
+
+    def predict_many(self, *features):
+        return self.base.predict_many(*features)
+
+    def verification_s(self, n):
+        return 1.0 * n
+
+
+def test_steps_verifying_drafts_cost_what_the_latency_model_charges_per_request():
+    from testbed.sim.run_speed import predict_logged_steps
+
+    model = AcceptanceModel([1.0, 0.9, 0.8], [0.7, 0.6, 0.5], "test")
+    lat = VerifyingLatency(latency_model())
+
+    def make_engine(i, clock):
+        cfg = SchedulerConfig(
+            max_num_batched_tokens=2048, max_num_seqs=64, max_model_len=8192,
+            num_speculative_tokens=model.k,
+        )  # fmt: skip
+        sched = Scheduler(cfg, KVCacheManager(4000, 16, True), make_policy("fcfs"))
+        return EngineCore(sched, SimExecutor(lat, model, seed=i), clock)
+
+    result = Simulation(random_requests(40), make_engine, lat, fast_forward=False).run()
+    steps = result.steps.to_frame()
+    busy = steps[steps.num_reqs > 0]
+    base = predict_logged_steps(lat.base, busy.drop(columns="num_spec_reqs"))
+    extra = busy.latency_s.to_numpy() - base
+    assert (busy.num_spec_reqs > 0).sum() > 50
+    assert extra == pytest.approx(busy.num_spec_reqs.to_numpy(float), abs=1e-9)
+    # A real run's steps are predicted the same way (speed_vs_profile).
+    assert predict_logged_steps(lat, busy) == pytest.approx(busy.latency_s.to_numpy(), abs=1e-9)
