@@ -11,8 +11,11 @@ crossover is the first batch size whose speedup is below 1.
 
 Then the same batches simulated: the profile of stories260K on this hardware
 (``--profile``; measured first with the quick grid when not given), each
-proposer's acceptance table and proposer time as the real runs measured them.
-Where the two crossovers lie is the question.
+proposer's acceptance table as the real runs measured it, the n-gram
+proposer's fitted CPU time, and the draft's passes from the profile of
+stories260K cut to its first 4 layers (``tinystories-260k.first4.csv`` beside
+the profile; measured likewise when missing). Where the two crossovers lie is
+the question.
 
     python benchmarks/spec_decode.py [--batches 1 4 16 64] [--repeats 3]
         [--profile PATH] [--out benchmarks/results/spec_decode.json]
@@ -35,6 +38,7 @@ from testbed.config_schema import compose_config
 from testbed.core import Request, SamplingParams
 from testbed.core.spec_stats import ProposerTime, SpecDecodingStats
 from testbed.engine.args import EngineArgs
+from testbed.engine.factory import engine_model
 from testbed.engine.llm import LLM
 from testbed.models import models_dir
 from testbed.modes.sim import simulate
@@ -53,6 +57,7 @@ OPENINGS = [
 ]
 OUTPUT = 64
 K = 3
+DRAFT_LAYERS = 4  # the draft: stories260K's first 4 of its 5 layers
 PROPOSERS = {
     "off": None,
     "ngram": {
@@ -61,7 +66,11 @@ PROPOSERS = {
         "prompt_lookup_min": 2,
         "prompt_lookup_max": 4,
     },
-    "draft_model": {"method": "draft_model", "num_speculative_tokens": K, "draft_num_layers": 4},
+    "draft_model": {
+        "method": "draft_model",
+        "num_speculative_tokens": K,
+        "draft_num_layers": DRAFT_LAYERS,
+    },
 }
 
 
@@ -110,13 +119,14 @@ def simulated_tok_s(
     ]
     if spec:
         overrides += [f"engine.speculative.{k}={v}" for k, v in spec.items()]
-        if spec["method"] == "draft_model":  # the simulator only checks it is given
-            overrides.append(f"engine.speculative.model={model_path()}")
-        overrides += [
-            f"engine.speculative.acceptance_table={table}",
-            f"engine.speculative.propose_s_per_step={propose_s[0]}",
-            f"engine.speculative.propose_s_per_request={propose_s[1]}",
-        ]
+        overrides.append(f"engine.speculative.acceptance_table={table}")
+        if spec["method"] == "draft_model":  # its passes: the cut model's profile
+            overrides.append("engine.speculative.model=tinystories-260k")
+        else:
+            overrides += [
+                f"engine.speculative.propose_s_per_step={propose_s[0]}",
+                f"engine.speculative.propose_s_per_request={propose_s[1]}",
+            ]
     cfg = compose_config(overrides)
     reqs = [
         Request(
@@ -180,17 +190,22 @@ def main() -> None:
                 if r["batch"] == batch
             )
         )
-    profile = a.profile
-    if profile is None:
-        print("profiling stories260K (quick grid) for the simulator ...")
-        args = EngineArgs(model=model_path(), threads=None if torch.cuda.is_available() else 1)
-        profile = run_profile(
-            args,
-            "quick",
-            out_dir=Path("outputs/spec_decode/profiles"),
-            hardware=a.hardware,
-            model_name="tinystories-260k",
+    profile = (
+        a.profile or Path("outputs/spec_decode/profiles") / a.hardware / "tinystories-260k.csv"
+    )
+    draft_profile = profile.with_name(f"tinystories-260k.first{DRAFT_LAYERS}.csv")
+    for path, layers in ((profile, None), (draft_profile, DRAFT_LAYERS)):
+        if path.exists():
+            continue
+        print(
+            f"profiling stories260K (quick grid{f', first {layers} layers' if layers else ''}) ..."
         )
+        args = EngineArgs(model=model_path(), threads=None if torch.cuda.is_available() else 1)
+        model = engine_model("tinystories-260k", layers)
+        run_profile(
+            args, "quick", out_dir=path.parent.parent, hardware=a.hardware,
+            model_name=model[2], model=model,
+        )  # fmt: skip
     tokenizer = engine("off", 1)
     lens = [len(tokenizer._encode(p)) for p in prompts(max(a.batches))]
     with tempfile.TemporaryDirectory() as tmp:
@@ -225,6 +240,7 @@ def main() -> None:
         k=K,
         repeats=a.repeats,
         profile=str(profile),
+        draft_profile=str(draft_profile),
         crossovers=crossovers,
     )
 

@@ -22,10 +22,18 @@ from testbed.engine.args import EngineArgs
 from testbed.engine.spec_config import SpeculativeConfig
 from testbed.errors import InputError
 from testbed.hardware import HardwareSpec
-from testbed.models import PROJECT_ROOT, ModelSpec, ResolvedModel, num_kv_blocks, resolve_model
+from testbed.models import (
+    PROJECT_ROOT,
+    ModelSpec,
+    ResolvedModel,
+    num_kv_blocks,
+    resolve_model,
+    same_folder,
+)
 from testbed.sim.acceptance import AcceptanceModel, acceptance_table_path
 from testbed.sim.latency import LatencyModel
 from testbed.sim.predictor import make_latency_model
+from testbed.sim.profile_model import ProfileModel
 from testbed.sim.speed import SpeedTrace
 from testbed.workload import RequestStream, to_requests
 from traces import load_trace
@@ -127,6 +135,32 @@ def acceptance_model(cfg: DictConfig, spec: ModelSpec) -> AcceptanceModel | None
     if table:
         return AcceptanceModel.from_csv(Path(table).resolve(), k)
     return AcceptanceModel.constant(k, options.acceptance_rate)
+
+
+def draft_latency_model(cfg: DictConfig) -> LatencyModel | None:
+    """The latency model of a draft model's passes (``engine.speculative.draft_profile``;
+    None: no draft model, or its passes not modelled): the draft's profile, else its
+    roofline, as the target's is chosen."""
+    speculative = speculative_config(cfg.engine)
+    where = cfg.engine.speculative.draft_profile
+    if speculative is None or speculative.method != "draft_model" or where is None:
+        return None
+    if where != "auto":
+        path = Path(where).resolve()
+        if not path.exists():
+            raise InputError(f"engine.speculative.draft_profile={where}: no such file")
+        return ProfileModel(path)
+    try:
+        draft = resolve_model(speculative.model)
+        target = run_model(cfg)
+        if same_folder(draft.folder, target.folder) and draft.hf_config == target.hf_config:
+            draft = target  # the target as its own draft: named as the run's model
+        draft = draft.first_layers(speculative.draft_num_layers)
+    except (ValueError, FileNotFoundError) as e:
+        raise InputError(f"engine.speculative.model={speculative.model}: {e}") from e
+    return make_latency_model(
+        draft.spec(), hardware_spec(cfg), cfg.model.dtype, in_project(cfg.profiles_dir)
+    )
 
 
 def speculative_config(engine: Mapping[str, Any]) -> SpeculativeConfig | None:

@@ -35,8 +35,8 @@ from testbed.models import PROJECT_ROOT
 @dataclass
 class SpeculativeOptions:
     """Speculative decoding (vLLM's ``speculative_config``; ``method: null`` is off).
-    The first six fields are vLLM's (``testbed.engine.spec_config``); the last two
-    are the simulator's acceptance model."""
+    The first six fields are vLLM's (``testbed.engine.spec_config``); the rest are
+    the simulator's: its acceptance model and the proposer's cost."""
 
     method: str | None = None  # ngram | draft_model
     num_speculative_tokens: int = 3
@@ -54,6 +54,11 @@ class SpeculativeOptions:
     # for (a real run measures both: metrics.json spec_propose_s_per_step, _per_request).
     propose_s_per_step: float = 0.0
     propose_s_per_request: float = 0.0
+    # mode=sim, draft_model: the latency model of the draft's passes. auto: the
+    # draft's profile beside the target's (profiles/<hardware>/<draft>.csv, a
+    # draft cut to N layers named <model>.first<N>), else its roofline; or a
+    # profile's path; null: no draft passes (propose_s_* alone).
+    draft_profile: str | None = "auto"
 
 
 @dataclass
@@ -126,6 +131,9 @@ class ProfileMode:
     replay_requests: int = 80  # then every step of a short synthetic replay
     replay_sparse_requests: int = 12  # and a few at a low rate: small batches at every context
     max_grid_s: float | None = None  # start no grid point after this many seconds
+    # Profile the model cut to its first N layers (a self-speculation draft's own
+    # profile, <model>.first<N>.csv); None: the whole model.
+    num_layers: int | None = None
 
 
 # --- hardware and model ---

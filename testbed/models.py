@@ -39,6 +39,19 @@ class ResolvedModel:
     def spec(self) -> ModelSpec:
         return ModelSpec.from_hf_config(self.hf_config, name=self.name)
 
+    def first_layers(self, n: int | None) -> ResolvedModel:
+        """This model cut to its first ``n`` decoder layers (its weights' first ``n``
+        layers, its own final norm and LM head), named ``<name>.first<n>``: a
+        self-speculation draft, profiled and simulated like any model. ``None`` or
+        every layer: the model itself."""
+        total = int(self.hf_config["num_hidden_layers"])
+        if n is None or n == total:
+            return self
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= total:
+            raise ValueError(f"{self.source}: num_layers={n!r} is not in 1..{total}")
+        config = {**self.hf_config, "num_hidden_layers": n}
+        return ResolvedModel(f"{self.name}.first{n}", config, self.folder, self.source)
+
 
 def resolve_model(model: Mapping[str, Any] | str | Path) -> ResolvedModel:
     """The model of a model config group entry (``name`` with ``hf_config`` or
@@ -76,6 +89,11 @@ def model_entry(name: str) -> dict[str, Any]:
             f"{conf.parent} (known: {sorted(p.stem for p in conf.parent.glob('*.yaml'))})"
         )
     return yaml.safe_load(conf.read_text())
+
+
+def same_folder(a: Path | None, b: Path | None) -> bool:
+    """Whether two weights folders are one (None: dummy weights, never the same)."""
+    return a is not None and b is not None and Path(a).resolve() == Path(b).resolve()
 
 
 def read_hf_config(folder: Path) -> dict[str, Any]:

@@ -22,16 +22,18 @@ from testbed.engine.ngram import NgramProposer
 from testbed.engine.spec_config import SpeculativeConfig
 from testbed.engine.weights import build_model
 from testbed.kernels import select_backend
-from testbed.models import ModelSpec, ResolvedModel, num_kv_blocks, resolve_model
+from testbed.models import ModelSpec, ResolvedModel, num_kv_blocks, resolve_model, same_folder
 
 
 def engine_model(
-    model: ResolvedModel | Mapping[str, Any] | str | Path,
+    model: ResolvedModel | Mapping[str, Any] | str | Path, num_layers: int | None = None
 ) -> tuple[ModelConfig, Path | None, str]:
     """(config, weights folder or None for dummy weights, name) of a resolved model
     or of what :func:`~testbed.models.resolve_model` accepts: a model config group
-    entry, a ``conf/model/`` name or an HF folder."""
+    entry, a ``conf/model/`` name or an HF folder; with ``num_layers``, that model
+    cut to its first layers (:meth:`~testbed.models.ResolvedModel.first_layers`)."""
     resolved = model if isinstance(model, ResolvedModel) else resolve_model(model)
+    resolved = resolved.first_layers(num_layers)
     return ModelConfig.of(resolved), resolved.folder, resolved.name
 
 
@@ -73,7 +75,9 @@ def make_proposer(
     layers = speculative.draft_num_layers or cfg.num_layers
     if layers > cfg.num_layers:
         refuse("draft_num_layers", f"{layers}, but {name} has {cfg.num_layers} layers")
-    same = (folder, name) == target_model[1:] and cfg.raw == target_cfg.raw
+    same = cfg.raw == target_cfg.raw and (
+        same_folder(folder, target_model[1]) or (folder, name) == target_model[1:]
+    )
     dtype = next(target.parameters()).dtype
     base = target if same else build_model(cfg, folder, dtype, device, seed=seed)
     return DraftModelProposer(

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from testbed.engine.model import CausalLM
+from testbed.models import read_hf_config
 
 
 def init_dummy(model: CausalLM, seed: int = 0) -> None:
@@ -55,12 +56,16 @@ def checkpoint_files(folder: Path) -> list[Path]:
 
 
 def load_checkpoint(model: CausalLM, folder: str | Path) -> None:
-    """Load every parameter from the folder's safetensors; names must match exactly."""
+    """Load every parameter from the folder's safetensors; names must match exactly,
+    except that a model built with fewer decoder layers than the folder's config
+    says (:meth:`~testbed.models.ResolvedModel.first_layers`) skips the rest."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     folder = Path(folder)
     expected = dict(model.named_parameters())
+    kept = model.config.num_layers
+    cut = int(read_hf_config(folder).get("num_hidden_layers", kept)) > kept
     loaded: set[str] = set()
     for file in checkpoint_files(folder):
         try:
@@ -71,6 +76,8 @@ def load_checkpoint(model: CausalLM, folder: str | Path) -> None:
             if name not in expected:
                 if name.endswith("rotary_emb.inv_freq"):
                     continue  # some exports keep this buffer; we compute it
+                if cut and _layer_index(name, -1) >= kept:
+                    continue  # a layer the cut model leaves out
                 raise ValueError(f"{file}: unexpected tensor {name!r} for this architecture")
             param = expected[name]
             if tuple(tensor.shape) != tuple(param.shape):
@@ -88,6 +95,14 @@ def load_checkpoint(model: CausalLM, folder: str | Path) -> None:
         raise ValueError(
             f"{folder}: checkpoint lacks {len(missing)} tensors, e.g. {sorted(missing)[:3]}"
         )
+
+
+def _layer_index(name: str, default: int) -> int:
+    """The decoder layer a parameter name belongs to (``model.layers.<i>.``)."""
+    parts = name.split(".")
+    if len(parts) > 2 and parts[:2] == ["model", "layers"] and parts[2].isdigit():
+        return int(parts[2])
+    return default
 
 
 def build_model(

@@ -15,7 +15,7 @@ from testbed.profiling.profiler import run_profile
 
 def profile(cfg: DictConfig) -> dict[str, Any]:
     """Profile ``cfg``'s model on its hardware; where the table went and its fit."""
-    model = engine_model(run_model(cfg))
+    model = engine_model(run_model(cfg), cfg.mode.num_layers)
     print(f"profiling {model[2]} on {cfg.hardware.name}: grid {cfg.mode.grid}")
     path = run_profile(
         engine_args(cfg),

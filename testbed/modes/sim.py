@@ -12,6 +12,7 @@ from policies import make_policy
 from policies.routers import make_router
 from testbed.build import (
     acceptance_model,
+    draft_latency_model,
     hardware_spec,
     kv_blocks,
     latency_model,
@@ -46,6 +47,7 @@ def simulate(
     max_len = engine.max_model_len or spec.max_position_embeddings
     policy = policy_config(cfg)
     acceptance = acceptance_model(cfg, spec)
+    draft = draft_latency_model(cfg) if acceptance is not None else None
     engines: list[EngineCore] = []
 
     def make_engine(i: int, clock) -> EngineCore:
@@ -59,6 +61,7 @@ def simulate(
                 engine.speculative.propose_s_per_step,
                 engine.speculative.propose_s_per_request,
             ),
+            draft_latency=draft,
             speed=speed,
             clock=clock,
         )
@@ -95,5 +98,7 @@ def simulate(
     if acceptance is not None:
         stats = SpecDecodingStats.merged(e.scheduler.spec_stats for e in engines)
         extra.update(spec_acceptance_model=acceptance.source, **stats.metrics())
+        if draft is not None:
+            extra["spec_draft_latency_model"] = draft.source
         result.extra["spec_acceptance"] = stats.table()  # spec_acceptance.csv
     return result, extra

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 from testbed.engine.args import EngineArgs
+from testbed.engine.factory import engine_model
 from testbed.profiling.fit_report import report_profile
 from testbed.profiling.grid import GRID_CHOICES
 from testbed.profiling.profiler import run_profile
@@ -32,6 +33,11 @@ def main() -> None:
         help="also replay this many at a low rate (small batches at every context; "
         "mode.replay_sparse_requests, 12 by default in run.py)",
     )  # fmt: skip
+    ap.add_argument(
+        "--num-layers", type=int, default=None,
+        help="profile the model cut to its first N layers (a self-speculation draft; "
+        "writes <model>.first<N>.csv)",
+    )  # fmt: skip
     ap.add_argument("--device", default=None)
     ap.add_argument("--num-kv-blocks", type=int, default=None)
     ap.add_argument("--out", default="profiles")
@@ -44,6 +50,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     engine = EngineArgs(model=args.model, device=args.device, num_kv_blocks=args.num_kv_blocks)
+    model = engine_model(args.model, args.num_layers)
     with ended_by_interrupts():
         path = run_profile(
             engine,
@@ -52,6 +59,8 @@ def main() -> None:
             args.warmup,
             args.out,
             args.hardware,
+            model[2],
+            model=model,
             replay_requests=args.replay_requests,
             sparse_requests=args.replay_sparse_requests,
             max_grid_s=args.max_grid_seconds,

@@ -21,8 +21,16 @@ class SimExecutor:
     speculation's effect on the schedule is simulated: the verified drafts are
     tokens of the step like any others, for the latency model too.
 
-    With a ``speed`` trace, each step's latency is also multiplied by the trace's
-    factor at the step's start (``clock``: the simulation's clock).
+    A draft model's time is its passes as the real proposer runs them, each
+    predicted by ``draft_latency`` (the draft's own latency model): after every
+    step one pass over each scheduled request's tokens now known to be right plus
+    the token just sampled, then ``k - 1`` one-token passes of the requests still
+    drafting. ``propose_s`` adds a proposer time per step and per request drafted
+    for (an n-gram proposer's, as a real run fits it).
+
+    With a ``speed`` trace, each step's latency (the draft's passes included) is
+    also multiplied by the trace's factor at the step's start (``clock``: the
+    simulation's clock).
     """
 
     def __init__(
@@ -31,6 +39,7 @@ class SimExecutor:
         acceptance: AcceptanceModel | None = None,
         seed: int = 0,
         propose_s: tuple[float, float] = (0.0, 0.0),
+        draft_latency: LatencyModel | None = None,
         speed: SpeedTrace | None = None,
         clock: Callable[[], float] | None = None,
     ) -> None:
@@ -41,6 +50,7 @@ class SimExecutor:
         self.acceptance = acceptance
         # The proposer's time: per step it drafts in, and per request it drafts for.
         self.propose_s_per_step, self.propose_s_per_request = propose_s
+        self.draft_latency = draft_latency
         self.seed = seed
         self._rngs: dict[str, random.Random] = {}  # each request's own, while it runs
 
@@ -54,19 +64,51 @@ class SimExecutor:
         latency = self.latency_model.predict(*step_features(so))
         if so.spec_token_ids:  # requests verifying drafts, beyond their tokens
             latency += self.latency_model.verification_s(len(so.spec_token_ids))
-        if self.speed is not None:
-            latency *= self.speed.at(self.clock())
         model = self.acceptance
         out = ExecutorOutput()
+        propose_s = 0.0
         if model is not None:
-            # The proposer's time as a real run measured it (at its machine's speed).
-            latency += self._speculate(so, model, out)
-        out.latency_s = latency
+            propose_s = self._speculate(so, model, out)
+            if self.draft_latency is not None and so.requests:
+                latency += self._draft_passes_s(so, out)
+        if self.speed is not None:
+            latency *= self.speed.at(self.clock())
+        # The proposer's time as a real run measured it (at its machine's speed).
+        out.latency_s = latency + propose_s
         return out
+
+    def _draft_passes_s(self, so: SchedulerOutput, out: ExecutorOutput) -> float:
+        """The draft model's passes after this step (as
+        :meth:`testbed.engine.draft_model.DraftModelProposer.propose` runs them),
+        each predicted by the draft's latency model."""
+        model = self.draft_latency
+        reqs = tokens = kv = longest = 0
+        pairs = 0.0
+        ends = []  # (first draft's context, drafts) of each request drafting
+        for i, req in enumerate(so.requests):
+            ctx, n = so.context_lens[i], so.num_scheduled_tokens[i]
+            rid = req.request_id
+            drafts = len(out.draft_token_ids.get(rid, ()))
+            if rid in out.num_accepted_drafts:  # sampled: right tokens + the new one
+                n += out.num_accepted_drafts[rid] + 1 - len(so.spec_token_ids.get(rid, ()))
+            reqs, tokens = reqs + 1, tokens + n
+            pairs += n * (ctx + (n + 1) / 2)
+            kv += ctx + n
+            longest = max(longest, ctx + n)
+            if drafts > 1:
+                ends.append((ctx + n, drafts))
+        seconds = model.predict(reqs, tokens, pairs, kv, longest)
+        for j in range(1, max((d for _, d in ends), default=1)):
+            # The j-th draft token of each request drafting more than j.
+            reads = [end + j for end, d in ends if d > j]
+            total = sum(reads)
+            seconds += model.predict(len(reads), len(reads), float(total), total, max(reads))
+        return seconds
 
     def _speculate(self, so: SchedulerOutput, model: AcceptanceModel, out: ExecutorOutput) -> float:
         """Accept each request's verified drafts and draft its next ones, as the
-        acceptance model says; the proposer's time this costs the step."""
+        acceptance model says; the proposer's time per step and per request this
+        costs (``propose_s``)."""
         for rid in so.finished_req_ids:
             self._rngs.pop(rid, None)
         accepted, drafts, proposing = {}, {}, 0

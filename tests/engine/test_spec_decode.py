@@ -300,3 +300,93 @@ def test_a_draft_model_with_a_shorter_context_than_the_target_is_refused(tmp_pat
     spec = {"method": "draft_model", "model": str(short), "num_speculative_tokens": 2}
     with pytest.raises(ValueError, match="context \\(64\\) is shorter than the target's"):
         LLM(stories(), speculative_config=spec)
+
+
+# --- the draft's cost, as the simulator predicts it ---
+
+
+def test_a_model_cut_to_its_first_layers_is_the_self_drafts_model():
+    """``engine_model(..., num_layers)`` (what the profiler profiles a self-draft
+    with) loads the checkpoint's first layers only: the parameters of the draft
+    that the target's first layers make (sharing its weights), and nothing else."""
+    from testbed.engine.factory import engine_model
+    from testbed.engine.weights import build_model
+
+    cfg, folder, name = engine_model(stories(), 4)
+    assert name == "hf.first4" and cfg.num_layers == 4
+    cpu = torch.device("cpu")
+    cut = dict(build_model(cfg, folder, torch.float32, cpu).named_parameters())
+    full_cfg, _, _ = engine_model(stories())
+    full = dict(build_model(full_cfg, folder, torch.float32, cpu).named_parameters())
+    kept = {n for n in full if not n.startswith("model.layers.4.")}
+    assert set(cut) == kept and len(kept) < len(full)
+    for n, p in cut.items():
+        assert torch.equal(p, full[n]), n
+    with pytest.raises(ValueError, match=r"num_layers=6 is not in 1\.\.5"):
+        engine_model(stories(), 6)
+
+
+def test_the_simulator_predicts_the_passes_the_draft_model_runs():
+    """Every step of a real self-drafting run: the passes the simulator's executor
+    predicts from the step's schedule, acceptances and drafts have the features of
+    the passes the real proposer ran (chunked prefill, batching, preemption)."""
+    from testbed.sim.executor import SimExecutor
+
+    class Recorder:
+        kind = source = "recorder"
+
+        def __init__(self):
+            self.passes = []
+
+        def predict(self, *features):
+            self.passes.append(tuple(float(f) for f in features))
+            return 0.0
+
+    llm = LLM(
+        stories(), num_kv_blocks=60, block_size=4, max_num_batched_tokens=24, max_num_seqs=8,
+        speculative_config=proposer("draft_model", 3),
+    )  # fmt: skip
+    executor = llm.engine.executor
+    draft = executor.proposer
+    real: list[list[tuple]] = []
+    run = draft._run
+
+    def recording_run(rows):
+        pairs = kv = longest = tokens = 0
+        for _, toks, first in rows:
+            n = len(toks)
+            tokens += n
+            pairs += n * (first + (n + 1) / 2)
+            kv += first + n
+            longest = max(longest, first + n)
+        real[-1].append((float(len(rows)), float(tokens), float(pairs), float(kv), float(longest)))
+        return run(rows)
+
+    draft._run = recording_run
+    predicted: list[list[tuple]] = []
+    execute = executor.execute
+
+    def recording_execute(so):
+        real.append([])
+        out = execute(so)
+        rec = Recorder()
+        sim = SimExecutor(rec, draft_latency=rec)
+        sim_out = type(out)(
+            num_accepted_drafts={
+                r.request_id: len(new) - 1
+                for r, new in zip(so.requests, out.sampled_token_ids, strict=True)
+                if new
+            },
+            draft_token_ids=out.draft_token_ids or {},
+        )
+        sim._draft_passes_s(so, sim_out)
+        predicted.append(rec.passes)
+        return out
+
+    executor.execute = recording_execute
+    greedy = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    llm.generate(repetitive_prompts(), greedy)
+    assert llm.engine.scheduler.num_preemptions > 0
+    steps = [p for p in real if p]
+    assert len(steps) > 50 and sum(len(p) > 1 for p in steps) > 20
+    assert predicted == real

@@ -171,3 +171,44 @@ def test_steps_verifying_drafts_cost_what_the_latency_model_charges_per_request(
     assert extra == pytest.approx(busy.num_spec_reqs.to_numpy(float), abs=1e-9)
     # A real run's steps are predicted the same way (speed_vs_profile).
     assert predict_logged_steps(lat, busy) == pytest.approx(busy.latency_s.to_numpy(), abs=1e-9)
+
+
+def write_draft_profile(path):
+    """A profile table of a draft whose passes cost 1 ms + 10 us per token."""
+    lines = ["kind,grid,num_reqs,num_tokens,attn_pairs,kv_tokens,max_kv,latency_s"]
+    for reqs in (1, 2, 4, 8, 16, 32):
+        for tokens_per in (1, 16):
+            for ctx in (64, 512):
+                t = reqs * tokens_per
+                kv = reqs * (ctx + tokens_per)
+                lat = 1e-3 + 1e-5 * t
+                lines.append(f"step,point,{reqs},{t},{kv * tokens_per},{kv},{ctx},{lat}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_a_draft_models_passes_cost_what_its_own_profile_says(tmp_path):
+    """``engine.speculative.draft_profile=auto`` finds the profile of the target
+    cut to ``draft_num_layers`` layers (``<model>.first<N>.csv``), and the passes it
+    predicts lengthen the run; ``null`` leaves them out; a missing path is refused."""
+    write_draft_profile(tmp_path / "profiles" / "cpu" / "dummy-llama.first1.csv")
+    base = [
+        "mode=sim", "trace.num_requests=60", "logging=disabled", "progress=false",
+        f"profiles_dir={tmp_path / 'profiles'}", "engine.speculative.method=draft_model",
+        "engine.speculative.model=dummy-llama", "engine.speculative.draft_num_layers=1",
+        "engine.speculative.num_speculative_tokens=3", "engine.speculative.acceptance_rate=0.6",
+    ]  # fmt: skip
+    with_draft = run_from_config(compose_cfg(*base), tmp_path / "with")
+    assert "dummy-llama.first1.csv" in with_draft["spec_draft_latency_model"]
+    without = run_from_config(
+        compose_cfg(*base, "engine.speculative.draft_profile=null"), tmp_path / "without"
+    )
+    assert "spec_draft_latency_model" not in without
+    steps = {n: pd.read_csv(tmp_path / n / "steps.csv") for n in ("with", "without")}
+    # Each busy step runs at least one 1 ms pass of the draft, at most k = 3.
+    mean = {n: s.latency_s[s.num_reqs > 0].mean() for n, s in steps.items()}
+    assert 1e-3 < mean["with"] - mean["without"] < 3.5e-3
+    with pytest.raises(InputError, match=r"draft_profile=nowhere\.csv: no such file"):
+        run_from_config(
+            compose_cfg(*base, "engine.speculative.draft_profile=nowhere.csv"), tmp_path / "bad"
+        )
