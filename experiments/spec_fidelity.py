@@ -9,9 +9,10 @@ the proposer's cost: the n-gram proposer's fitted CPU time, and the draft's
 passes predicted from the profile of stories260K cut to the draft's 4 layers
 (``tinystories-260k.first4.csv`` beside it). Two simulations per run: from the
 profiles as they are (the prediction), and at the run's measured speed against
-the profile (``speed_vs_profile``: this VM's speed moves by 10-30% within
-minutes, so a prediction's error is mostly the machine's). Errors (sim / real -
-1) of throughput, mean TPOT and mean E2E.
+the profile (``speed_vs_profile``; the draft's passes at the run's speed against
+the draft's profile, ``spec_draft_speed_vs_profile``: this VM's speed moves by
+10-30% within minutes, so a prediction's error is mostly the machine's). Errors
+(sim / real - 1) of throughput, mean TPOT and mean E2E.
 
     python -m experiments.spec_fidelity --profiles profiles [--requests 150 --rate 6]
 
@@ -91,11 +92,17 @@ def main(argv: list[str] | None = None) -> int:
                 f"engine.speculative.propose_s_per_request={real['spec_propose_s_per_request']}",
             ]
         speed = real.get("speed_vs_profile", 1.0)
-        for variant, extra in (("profile", []), ("own_speed", [f"mode.latency_scale={speed}"])):
+        own_speed = [f"mode.latency_scale={speed}"]
+        draft_speed = real.get("spec_draft_speed_vs_profile")
+        if draft_speed is not None:  # the draft's passes at its own measured speed
+            own_speed.append(f"engine.speculative.draft_latency_scale={draft_speed / speed}")
+        for variant, extra in (("profile", []), ("own_speed", own_speed)):
             sim = run_from_config(
                 compose_config(["mode=sim", *base, *sim_spec, *extra]), a.out / method / variant
             )
-            row = dict(method=method, variant=variant, speed_vs_profile=speed)
+            row = dict(
+                method=method, variant=variant, speed_vs_profile=speed, draft_speed=draft_speed
+            )
             for m in METRICS:
                 row[f"real_{m}"], row[f"sim_{m}"] = real[m], sim[m]
                 row[f"err_{m}"] = sim[m] / real[m] - 1

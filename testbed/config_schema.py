@@ -59,6 +59,9 @@ class SpeculativeOptions:
     # draft cut to N layers named <model>.first<N>), else its roofline; or a
     # profile's path; null: no draft passes (propose_s_* alone).
     draft_profile: str | None = "auto"
+    # Multiplies the draft's passes (a real run measures the draft's speed against its
+    # profile: metrics.json spec_draft_speed_vs_profile).
+    draft_latency_scale: float = 1.0
 
 
 @dataclass
@@ -261,6 +264,10 @@ def validate(cfg: DictConfig) -> None:
     for name in ("propose_s_per_step", "propose_s_per_request"):
         if spec[name] < 0:
             raise InputError(f"engine.speculative.{name}={spec[name]}: must be >= 0")
+    if not spec.draft_latency_scale > 0:
+        raise InputError(
+            f"engine.speculative.draft_latency_scale={spec.draft_latency_scale}: must be > 0"
+        )
     if not 0 <= spec.acceptance_rate <= 1:
         raise InputError(
             f"engine.speculative.acceptance_rate={spec.acceptance_rate}: must be in [0, 1]"

@@ -82,6 +82,21 @@ class SchedulerOutput:
         return req.num_computed_tokens >= req.num_tokens_with_spec
 
 
+def pass_features(rows) -> tuple[int, int, float, int, int]:
+    """:meth:`SchedulerOutput.features` of a forward pass over ``rows`` of
+    ``(context, new tokens)`` (a draft model's passes, which no schedule describes)."""
+    reqs = tokens = kv = longest = 0
+    pairs = 0.0
+    for ctx, n in rows:
+        reqs += 1
+        tokens += n
+        pairs += n * (ctx + (n + 1) / 2)
+        kv += ctx + n
+        if ctx + n > longest:
+            longest = ctx + n
+    return reqs, tokens, pairs, kv, longest
+
+
 @dataclass(slots=True)
 class ExecutorOutput:
     """What a data plane reports back after running a step.

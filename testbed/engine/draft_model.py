@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from testbed.core import SchedulerOutput
+from testbed.core.outputs import pass_features
 from testbed.engine.batch import flatten, token_slice
 from testbed.engine.model import AttentionMetadata, CausalLM
 from testbed.engine.sampler import process_logits
@@ -76,6 +77,9 @@ class DraftModelProposer:
         self._probs: dict[str, torch.Tensor] = {}  # sampled requests' draft distributions
         self._generators: dict[str, torch.Generator] = {}
         self.num_computed_tokens = 0  # tokens run through the draft, all steps
+        # Each pass's step features and its short multi-token rows (requests that
+        # sampled), for a run's speed against the draft's profile.
+        self.passes: list[tuple[tuple[int, int, float, int, int], int]] = []
 
     def forget(self, request_id: str) -> None:
         self._probs.pop(request_id, None)
@@ -96,9 +100,11 @@ class DraftModelProposer:
             self._generators[request_id] = gen
         return gen
 
-    def _run(self, rows) -> torch.Tensor:
-        """One forward pass over ``rows`` of ``(block table, tokens, first position)``;
-        the hidden state of each row's last token."""
+    def _run(self, rows, short: int = 0) -> torch.Tensor:
+        """One forward pass over ``rows`` of ``(block table, tokens, first position)``
+        (``short`` of them a sampled request's few tokens); the hidden state of each
+        row's last token."""
+        self.passes.append((pass_features((first, len(t)) for _, t, first in rows), short))
         ids, positions, meta, q_start = flatten(rows, self.block_size, self.device)
         hidden = self.model(ids, positions, meta, self.kv_caches, self.backend)
         self.num_computed_tokens += ids.numel()
@@ -147,7 +153,7 @@ class DraftModelProposer:
             self._probs.pop(req.request_id, None)
             if limits[i] > 0:
                 proposing.append((i, end))
-        last = self._run(rows)  # one row per scheduled request
+        last = self._run(rows, sum(1 for new in sampled if new))  # a row per scheduled request
         drafts = {so.requests[i].request_id: [] for i, _ in proposing}
         active = proposing
         if active:

@@ -20,11 +20,13 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig
 
-from testbed.build import engine_args, latency_model, run_model
+from testbed.build import draft_latency_model, engine_args, latency_model, run_model
 from testbed.core import Request
 from testbed.engine.device import machine_name
+from testbed.engine.draft_model import DraftModelProposer
 from testbed.engine.factory import build_engine, engine_model
 from testbed.engine.replay import replay
+from testbed.errors import InputError
 from testbed.metrics import RunResult
 from testbed.models import ModelSpec
 from testbed.profiling.probes import IdleProbe
@@ -73,6 +75,12 @@ def run_real(
         per_step, per_request = executor.proposer_time.fit()
         extra.update(spec_propose_s_per_step=per_step, spec_propose_s_per_request=per_request)
         result.extra["spec_acceptance"] = stats.table()  # spec_acceptance.csv
+        if isinstance(executor.proposer, DraftModelProposer):
+            extra.update(
+                draft_speed_vs_profile(
+                    cfg, executor.proposer.passes, executor.proposer_time.total_s
+                )
+            )
     # The proposer's time is the simulator's engine.speculative.propose_s_*, not the
     # profile's: it stays out of the machine's speed.
     proposing = executor.proposer_time.total_s
@@ -96,6 +104,22 @@ def speed_vs_profile(
         print(f"WARNING: no speed against the profile: {err}")
         return {"speed_vs_profile_error": str(err)}
     return {**speed, "speed_profile": model.source} if speed else {}
+
+
+def draft_speed_vs_profile(cfg: DictConfig, passes, seconds: float) -> dict[str, Any]:
+    """A draft model's speed against its profile: the proposer's measured time over
+    the draft's profile's prediction of the passes it ran (the simulator's
+    ``engine.speculative.draft_latency_scale``, over the target's speed); nothing
+    without a draft profile, the error where it cannot be read."""
+    try:
+        model = draft_latency_model(cfg)
+        if model is None or model.kind != "profile" or not passes:
+            return {}
+        predicted = sum(model.predict(*f) + model.verification_s(s) for f, s in passes)
+    except (OSError, ValueError, KeyError, InputError) as err:
+        print(f"WARNING: no draft speed against its profile: {err}")
+        return {"spec_draft_speed_vs_profile_error": str(err)}
+    return {"spec_draft_speed_vs_profile": seconds / predicted, "spec_draft_profile": model.source}
 
 
 def idle_probe_metrics(samples: list[tuple[float, float]] | None) -> dict[str, Any]:

@@ -62,6 +62,7 @@ def simulate(
                 engine.speculative.propose_s_per_request,
             ),
             draft_latency=draft,
+            draft_latency_scale=engine.speculative.draft_latency_scale,
             speed=speed,
             clock=clock,
         )

@@ -6,6 +6,7 @@ import random
 from collections.abc import Callable
 
 from testbed.core import ExecutorOutput, SchedulerOutput
+from testbed.core.outputs import pass_features
 from testbed.core.request import STAND_IN_TOKEN
 from testbed.sim.acceptance import AcceptanceModel
 from testbed.sim.latency import LatencyModel, step_features
@@ -25,8 +26,10 @@ class SimExecutor:
     predicted by ``draft_latency`` (the draft's own latency model): after every
     step one pass over each scheduled request's tokens now known to be right plus
     the token just sampled, then ``k - 1`` one-token passes of the requests still
-    drafting. ``propose_s`` adds a proposer time per step and per request drafted
-    for (an n-gram proposer's, as a real run fits it).
+    drafting (times ``draft_latency_scale``: the draft profile's level against
+    the target's, as a real run measures both). ``propose_s`` adds a proposer
+    time per step and per request drafted for (an n-gram proposer's, as a real
+    run fits it).
 
     With a ``speed`` trace, each step's latency (the draft's passes included) is
     also multiplied by the trace's factor at the step's start (``clock``: the
@@ -40,6 +43,7 @@ class SimExecutor:
         seed: int = 0,
         propose_s: tuple[float, float] = (0.0, 0.0),
         draft_latency: LatencyModel | None = None,
+        draft_latency_scale: float = 1.0,
         speed: SpeedTrace | None = None,
         clock: Callable[[], float] | None = None,
     ) -> None:
@@ -50,7 +54,7 @@ class SimExecutor:
         self.acceptance = acceptance
         # The proposer's time: per step it drafts in, and per request it drafts for.
         self.propose_s_per_step, self.propose_s_per_request = propose_s
-        self.draft_latency = draft_latency
+        self.draft_latency, self.draft_latency_scale = draft_latency, draft_latency_scale
         self.seed = seed
         self._rngs: dict[str, random.Random] = {}  # each request's own, while it runs
 
@@ -82,8 +86,7 @@ class SimExecutor:
         :meth:`testbed.engine.draft_model.DraftModelProposer.propose` runs them),
         each predicted by the draft's latency model."""
         model = self.draft_latency
-        reqs = tokens = kv = longest = 0
-        pairs = 0.0
+        rows, sampled = [], 0  # the sync pass: (context, tokens) per scheduled request
         ends = []  # (first draft's context, drafts) of each request drafting
         for i, req in enumerate(so.requests):
             ctx, n = so.context_lens[i], so.num_scheduled_tokens[i]
@@ -91,19 +94,19 @@ class SimExecutor:
             drafts = len(out.draft_token_ids.get(rid, ()))
             if rid in out.num_accepted_drafts:  # sampled: right tokens + the new one
                 n += out.num_accepted_drafts[rid] + 1 - len(so.spec_token_ids.get(rid, ()))
-            reqs, tokens = reqs + 1, tokens + n
-            pairs += n * (ctx + (n + 1) / 2)
-            kv += ctx + n
-            longest = max(longest, ctx + n)
+                sampled += 1
+            rows.append((ctx, n))
             if drafts > 1:
                 ends.append((ctx + n, drafts))
-        seconds = model.predict(reqs, tokens, pairs, kv, longest)
+        # A request that sampled runs at least 2 tokens (its last and the new one):
+        # a short multi-token query, charged as a verification is.
+        seconds = model.predict(*pass_features(rows)) + model.verification_s(sampled)
         for j in range(1, max((d for _, d in ends), default=1)):
             # The j-th draft token of each request drafting more than j.
             reads = [end + j for end, d in ends if d > j]
             total = sum(reads)
             seconds += model.predict(len(reads), len(reads), float(total), total, max(reads))
-        return seconds
+        return seconds * self.draft_latency_scale
 
     def _speculate(self, so: SchedulerOutput, model: AcceptanceModel, out: ExecutorOutput) -> float:
         """Accept each request's verified drafts and draft its next ones, as the

@@ -342,6 +342,10 @@ def test_the_simulator_predicts_the_passes_the_draft_model_runs():
             self.passes.append(tuple(float(f) for f in features))
             return 0.0
 
+        def verification_s(self, n):
+            self.passes.append(("short queries", n))
+            return 0.0
+
     llm = LLM(
         stories(), num_kv_blocks=60, block_size=4, max_num_batched_tokens=24, max_num_seqs=8,
         speculative_config=proposer("draft_model", 3),
@@ -351,7 +355,7 @@ def test_the_simulator_predicts_the_passes_the_draft_model_runs():
     real: list[list[tuple]] = []
     run = draft._run
 
-    def recording_run(rows):
+    def recording_run(rows, short=0):
         pairs = kv = longest = tokens = 0
         for _, toks, first in rows:
             n = len(toks)
@@ -360,7 +364,7 @@ def test_the_simulator_predicts_the_passes_the_draft_model_runs():
             kv += first + n
             longest = max(longest, first + n)
         real[-1].append((float(len(rows)), float(tokens), float(pairs), float(kv), float(longest)))
-        return run(rows)
+        return run(rows, short)
 
     draft._run = recording_run
     predicted: list[list[tuple]] = []
@@ -369,6 +373,8 @@ def test_the_simulator_predicts_the_passes_the_draft_model_runs():
     def recording_execute(so):
         real.append([])
         out = execute(so)
+        if real[-1]:  # the sync pass's short multi-token queries: the requests that sampled
+            real[-1].insert(1, ("short queries", sum(1 for new in out.sampled_token_ids if new)))
         rec = Recorder()
         sim = SimExecutor(rec, draft_latency=rec)
         sim_out = type(out)(
@@ -390,3 +396,8 @@ def test_the_simulator_predicts_the_passes_the_draft_model_runs():
     steps = [p for p in real if p]
     assert len(steps) > 50 and sum(len(p) > 1 for p in steps) > 20
     assert predicted == real
+    # The proposer's own log of its passes (a real run's draft speed) says the same.
+    logged = [(tuple(float(f) for f in features), short) for features, short in draft.passes]
+    flat = [p for step in real for p in step]
+    assert [f for f, _ in logged] == [p for p in flat if p[0] != "short queries"]
+    assert sum(s for _, s in logged) == sum(p[1] for p in flat if p[0] == "short queries")
