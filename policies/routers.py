@@ -1,15 +1,20 @@
 """Router policies: which replica of a cluster gets an arriving request.
 
 The strategies Vidur and production load balancers offer: round-robin, random,
-and least outstanding requests (join the shortest queue). A router sees each
-replica through :class:`ReplicaView`; in the simulator those counts are the
-ones at the replica's last event (arrivals, admissions, completions), which is
-all a real load balancer sees too.
+least outstanding requests (join the shortest queue) and least outstanding
+tokens; power of two choices (Mitzenmacher); and prefix affinity, which sends
+requests that share a prompt prefix to the same replica so that its prefix
+cache holds it (as llm-d's and SGLang's cache-aware routers do). A router sees
+each replica through :class:`ReplicaView`; in the simulator those counts are
+the ones at the replica's last event (arrivals, admissions, completions), which
+is all a real load balancer sees too.
 """
 
 from __future__ import annotations
 
 import random
+import struct
+import zlib
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -22,6 +27,12 @@ class ReplicaView(Protocol):
     @property
     def num_outstanding(self) -> int:
         """Requests routed to the replica and not finished."""
+        ...
+
+    @property
+    def num_outstanding_tokens(self) -> int:
+        """Prompt tokens of the requests routed to the replica and not finished (the
+        prefill work and KV they bring)."""
         ...
 
 
@@ -65,7 +76,97 @@ class LeastOutstanding(Router):
         return min(replicas, key=lambda r: (r.num_outstanding, r.index)).index
 
 
-ROUTERS = {cls.name: cls for cls in (RoundRobin, RandomRouter, LeastOutstanding)}
+class LeastOutstandingTokens(Router):
+    """Join the replica with the fewest prompt tokens outstanding (ties: fewest
+    requests, then lowest index): one long prompt weighs as much as many short."""
+
+    name = "least_outstanding_tokens"
+
+    def choose(self, request: Request, replicas: Sequence[ReplicaView], now: float) -> int:
+        return min(
+            replicas, key=lambda r: (r.num_outstanding_tokens, r.num_outstanding, r.index)
+        ).index
+
+
+class PowerOfTwo(Router):
+    """Two replicas drawn at random (seeded), the one with fewer outstanding
+    requests (Mitzenmacher's power of two choices: nearly the balance of joining
+    the shortest queue, from two probes)."""
+
+    name = "power_of_two"
+
+    def __init__(self, seed: int = 0) -> None:
+        self.rng = random.Random(seed)
+
+    def choose(self, request: Request, replicas: Sequence[ReplicaView], now: float) -> int:
+        if len(replicas) < 2:
+            return 0
+        a, b = self.rng.sample(range(len(replicas)), 2)
+        ra, rb = replicas[a], replicas[b]
+        return a if (ra.num_outstanding, a) <= (rb.num_outstanding, b) else b
+
+
+def prefix_key(request: Request, block_tokens: int, blocks: int) -> bytes | None:
+    """What identifies a request's prompt prefix: its first ``blocks`` hash ids
+    (a Mooncake-style trace), else its first ``blocks * block_tokens`` token ids;
+    None for a length-only request, or a prompt shorter than one block."""
+    if request.prefix_hash_ids:
+        ids = list(request.prefix_hash_ids[:blocks])
+    elif request.prompt_token_ids is not None and len(request.prompt_token_ids) >= block_tokens:
+        n = min(len(request.prompt_token_ids), blocks * block_tokens)
+        ids = list(request.prompt_token_ids[: n - n % block_tokens])
+    else:
+        return None
+    return struct.pack(f"<{len(ids)}q", *ids)
+
+
+class PrefixAffinity(Router):
+    """Send requests with the same prompt prefix to the same replica: rendezvous
+    hashing of the prefix's first blocks (:func:`prefix_key`) picks it, the same
+    replica for a prefix while replicas come and go. Past an imbalance bound (the
+    picked replica has more than ``(1 + imbalance)`` times the least loaded one's
+    outstanding requests, plus ``slack``), or for a request without a known
+    prefix, the least loaded replica instead."""
+
+    name = "prefix_affinity"
+
+    def __init__(
+        self, block_tokens: int = 16, blocks: int = 1, imbalance: float = 0.5, slack: int = 4
+    ) -> None:
+        if block_tokens < 1 or blocks < 1 or imbalance < 0 or slack < 0:
+            raise ValueError(
+                "prefix_affinity: block_tokens and blocks must be >= 1, imbalance and "
+                f"slack >= 0 (got {block_tokens}, {blocks}, {imbalance}, {slack})"
+            )
+        self.block_tokens, self.blocks = block_tokens, blocks
+        self.imbalance, self.slack = imbalance, slack
+        self.num_affine = self.num_fallback = 0  # choices by prefix, and otherwise
+
+    def choose(self, request: Request, replicas: Sequence[ReplicaView], now: float) -> int:
+        least = min(replicas, key=lambda r: (r.num_outstanding, r.index))
+        key = prefix_key(request, self.block_tokens, self.blocks)
+        if key is not None:
+            seed = zlib.crc32(key)
+            home = max(replicas, key=lambda r: zlib.crc32(struct.pack("<q", r.index), seed))
+            bound = (1 + self.imbalance) * least.num_outstanding + self.slack
+            if home.num_outstanding <= bound:
+                self.num_affine += 1
+                return home.index
+        self.num_fallback += 1
+        return least.index
+
+
+ROUTERS = {
+    cls.name: cls
+    for cls in (
+        RoundRobin,
+        RandomRouter,
+        LeastOutstanding,
+        LeastOutstandingTokens,
+        PowerOfTwo,
+        PrefixAffinity,
+    )
+}
 
 
 def make_router(name: str, **kwargs) -> Router:

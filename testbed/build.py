@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, OmegaConf
 
 from policies import policy_class
+from policies.routers import Router, make_router
 from testbed.config_schema import vllm_fields
 from testbed.core import SchedulerConfig
 from testbed.engine.args import EngineArgs
@@ -220,6 +221,15 @@ def latency_model(cfg: DictConfig, spec: ModelSpec | None = None) -> LatencyMode
     return make_latency_model(
         spec, hardware_spec(cfg), cfg.model.dtype, in_project(cfg.profiles_dir)
     )
+
+
+def router(cfg: DictConfig) -> Router:
+    """The cluster's router with its options (``cluster.router_args``)."""
+    args = OmegaConf.to_container(cfg.cluster.router_args, resolve=True)
+    try:
+        return make_router(cfg.cluster.router, **args)
+    except (TypeError, ValueError) as e:
+        raise InputError(f"cluster.router={cfg.cluster.router} {args}: {e}") from e
 
 
 def speed_trace(cfg: DictConfig) -> SpeedTrace | None:

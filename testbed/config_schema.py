@@ -91,7 +91,10 @@ class ClusterConfig:
     """Replicas of the engine behind a router (policies/routers.py)."""
 
     num_replicas: int = 1
-    router: str = "round_robin"  # round_robin | random | least_outstanding
+    # round_robin | random | least_outstanding | least_outstanding_tokens |
+    # power_of_two | prefix_affinity (policies/routers.py)
+    router: str = "round_robin"
+    router_args: dict[str, Any] = field(default_factory=dict)  # the router's options
 
 
 # --- modes ---

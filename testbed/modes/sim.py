@@ -9,7 +9,6 @@ from typing import Any
 from omegaconf import DictConfig
 
 from policies import make_policy
-from policies.routers import make_router
 from testbed.build import (
     acceptance_model,
     draft_latency_model,
@@ -18,6 +17,7 @@ from testbed.build import (
     latency_model,
     machine_speed,
     policy_config,
+    router,
     scheduler_config,
     speed_trace,
 )
@@ -74,7 +74,7 @@ def simulate(
         make_engine,
         latency,
         num_replicas=cfg.cluster.num_replicas,
-        router=make_router(cfg.cluster.router),
+        router=router(cfg),
         fast_forward=cfg.mode.fast_forward,
         on_progress=on_progress,
         max_sim_time_s=cfg.mode.max_sim_time_s,

@@ -57,10 +57,12 @@ class Replica:
         self.inbox: list[Request] = []
         self.idle: simpy.Event | None = None
         self.num_outstanding = 0  # routed here, not yet finished
+        self.num_outstanding_tokens = 0  # their prompt tokens
 
     def deliver(self, request: Request) -> None:
         self.inbox.append(request)
         self.num_outstanding += 1
+        self.num_outstanding_tokens += request.num_prompt_tokens
         if self.idle is not None and not self.idle.triggered:
             self.idle.succeed()
 
@@ -162,6 +164,7 @@ class Replica:
 
     def _finished(self, finished: Sequence[Request]) -> None:
         self.num_outstanding -= len(finished)
+        self.num_outstanding_tokens -= sum(r.num_prompt_tokens for r in finished)
         self.sim.on_finished(finished)
 
 
