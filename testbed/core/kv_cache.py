@@ -262,6 +262,7 @@ class KVCacheManager:
         new_computed_blocks: Sequence[KVCacheBlock] = (),
         num_lookahead_tokens: int = 0,
         full_sequence_must_fit: bool = False,
+        delay_cache_blocks: bool = False,
     ) -> list[int] | None:
         """Make room for ``num_new_tokens`` (+ lookahead) after the computed tokens,
         and make the full blocks they complete findable.
@@ -269,7 +270,9 @@ class KVCacheManager:
         ``new_computed_blocks`` are prefix hits from :meth:`get_computed_blocks`
         for a request being admitted. With ``full_sequence_must_fit`` (an
         admission), the free pool must also hold all the request's tokens, not
-        just this step's. Returns the ids of newly allocated blocks (possibly
+        just this step's. With ``delay_cache_blocks`` (KV that arrives from another
+        instance), nothing is made findable: :meth:`cache_blocks` once it has
+        arrived. Returns the ids of newly allocated blocks (possibly
         empty), or None, changing nothing, when the free pool is too small.
         """
         req_id = request.request_id
@@ -317,7 +320,12 @@ class KVCacheManager:
             blocks.extend(new_blocks)
             new_ids = [b.block_id for b in new_blocks]
         end = num_computed + num_new_tokens
-        if self.enable_prefix_caching and end >= bs and req_id not in self._chain_closed:
+        if (
+            self.enable_prefix_caching
+            and end >= bs
+            and req_id not in self._chain_closed
+            and not delay_cache_blocks
+        ):
             self.cache_blocks(request, min(end, request.num_tokens))
         return new_ids
 

@@ -9,7 +9,7 @@ read and write them the same way.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from testbed.core.request import Request
 
@@ -44,6 +44,8 @@ class SchedulerOutput:
     # Disaggregated prefill/decode: requests whose first ``remote_kv_tokens``
     # tokens a KV connector should write into these blocks.
     kv_loads: list[tuple[Request, list[int]]] = field(default_factory=list)
+    # What the scheduler's KV connector tells the data side to do in this step.
+    kv_connector_metadata: Any = None
     _features: tuple[int, int, float, int, int] | None = None
 
     @property
@@ -115,6 +117,8 @@ class ExecutorOutput:
     measured_s: float | None = None
     draft_token_ids: dict[str, list[int]] | None = None  # next step's drafts
     finished_recving: set[str] | None = None  # requests whose remote KV arrived
+    finished_sending: set[str] | None = None  # finished requests whose KV was sent
+    failed_recving: set[str] | None = None  # requests whose KV never came: recompute
     # Simulated speculative decoding: accepted drafts per request, when no real
     # tokens exist (``sampled_token_ids`` is None).
     num_accepted_drafts: dict[str, int] | None = None

@@ -97,6 +97,10 @@ class Request:
     # Disaggregated prefill/decode: the number of prompt tokens whose KV is
     # computed on another instance and arrives over a KV link.
     remote_kv_tokens: int = 0
+    # vLLM's kv_transfer_params: {"do_remote_decode": True} sends a request's KV on
+    # when it finishes (a prefill instance); {"do_remote_prefill": True,
+    # "remote_instance": ..., ...} takes it from there (testbed.core.kv_connector).
+    kv_transfer_params: dict | None = None
 
     # --- state owned by the scheduler ---
     status: RequestStatus = RequestStatus.WAITING
@@ -119,6 +123,12 @@ class Request:
     # --- spec-decode counters ---
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+
+    # --- its KV transfer (disaggregated prefill/decode) ---
+    kv_transfer_start: float | None = None
+    kv_transfer_end: float | None = None
+    kv_transfer_bytes: int = 0
+    kv_transfer_failed: bool = False  # its prompt was recomputed here instead
 
     def __post_init__(self) -> None:
         if self.prompt_token_ids is not None:

@@ -15,6 +15,7 @@ from array import array
 
 from testbed.core.config import SchedulerConfig
 from testbed.core.kv_cache import KVCacheManager
+from testbed.core.kv_connector import KVConnector
 from testbed.core.outputs import ExecutorOutput, SchedulerOutput
 from testbed.core.policy import Decision, Policy, overrides
 from testbed.core.queue import create_waiting_queue
@@ -27,10 +28,19 @@ RUNNING = RequestStatus.RUNNING
 class Scheduler:
     """Chooses each step's batch; owns the waiting and running requests."""
 
-    def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, policy: Policy):
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv_cache: KVCacheManager,
+        policy: Policy,
+        connector: KVConnector | None = None,
+    ):
         self.config = config
         self.kv = kv_cache
         self.policy = policy
+        # KV from and to other instances (disaggregated prefill/decode); None: none.
+        self.connector = connector
+        self.sending: dict[str, Request] = {}  # finished, blocks kept until their KV is sent
         self.waiting = create_waiting_queue(policy)
         self.running: list[Request] = []
         self.loading: dict[str, Request] = {}  # waiting for KV from another instance
@@ -184,6 +194,8 @@ class Scheduler:
         for req, n in zip(out.requests, out.num_scheduled_tokens, strict=True):
             context.append(req.num_computed_tokens)
             req.num_computed_tokens += n
+        if self.connector is not None:
+            out.kv_connector_metadata = self.connector.build_connector_meta(out)
         return out
 
     def _num_new_tokens(self, req: Request, num_computed: int, budget: int) -> int:
@@ -317,6 +329,9 @@ class Scheduler:
                     self.requests.pop(req.request_id)
                     self._reject(req, admission.reason or f"rejected by {policy.name}", now)
                     continue
+            if self.connector is not None and req.num_computed_tokens == 0:
+                remote = self.connector.get_num_new_matched_tokens(req, 0)
+                req.remote_kv_tokens = min(remote, req.num_tokens - 1)
             if req.remote_kv_tokens and req.num_computed_tokens == 0:
                 if not self._start_kv_load(req, out, now):
                     break
@@ -362,13 +377,17 @@ class Scheduler:
 
     def _start_kv_load(self, req: Request, out: SchedulerOutput, now: float) -> bool:
         """Give a request whose KV comes from another instance its blocks, and wait."""
-        if self.kv.allocate_slots(req, req.remote_kv_tokens) is None:
+        # Its blocks become findable once the KV has arrived (_finish_kv_load).
+        if self.kv.allocate_slots(req, req.remote_kv_tokens, delay_cache_blocks=True) is None:
             return False
         req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
         if req.first_scheduled_time is None:
             req.first_scheduled_time = now
         self.loading[req.request_id] = req
-        out.kv_loads.append((req, self.kv.get_block_ids(req.request_id)))
+        blocks = self.kv.get_block_ids(req.request_id)
+        out.kv_loads.append((req, blocks))
+        if self.connector is not None:
+            self.connector.update_state_after_alloc(req, blocks, req.remote_kv_tokens)
         return True
 
     # --- after the step ---
@@ -417,9 +436,13 @@ class Scheduler:
             # Blocks were made findable since the head found no room: it may hit
             # them and need fewer blocks at the next admission.
             self.admission_blocked_on_kv = False
-        if result.finished_recving:
-            for rid in result.finished_recving:
-                self._finish_kv_load(rid, now)
+        if result.finished_recving or result.finished_sending or result.failed_recving:
+            self.update_connector_output(
+                result.finished_sending or (),
+                result.finished_recving or (),
+                now,
+                result.failed_recving or (),
+            )
         if finished:
             self.retire(finished)
         if self._has_on_step:
@@ -469,11 +492,46 @@ class Scheduler:
             return
         self.admission_blocked_on_kv = False
         self.running = [r for r in self.running if id(r) not in done]
+        connector = self.connector
         for req in finished:
             if id(req) in done:
-                self.kv.free(req)
+                if connector is not None:
+                    blocks = self.kv.get_block_ids(req.request_id)
+                    keep, params = connector.request_finished(req, blocks)
+                    if keep:  # its KV goes on to another instance: blocks stay
+                        req.kv_transfer_params = params
+                        self.sending[req.request_id] = req
+                    else:
+                        self.kv.free(req)
+                else:
+                    self.kv.free(req)
                 self.requests.pop(req.request_id, None)
                 self._finished_ids.append(req.request_id)
+
+    def update_connector_output(
+        self, finished_sending, finished_recving, now: float, failed_recving=()
+    ) -> None:
+        """The data side finished sending the KV of the finished requests
+        ``finished_sending`` (their blocks are freed), receiving that of
+        ``finished_recving`` (they run next), or failed to receive that of
+        ``failed_recving`` (they compute their prompts here). From an executor's
+        output, or from a simulator's transfer as it ends."""
+        if self.connector is not None:
+            self.connector.update_connector_output(
+                set(finished_sending), set(finished_recving) | set(failed_recving)
+            )
+        for rid in finished_recving:
+            self._finish_kv_load(rid, now)
+        for rid in failed_recving:
+            req = self.loading.pop(rid)
+            self.kv.free(req)
+            req.remote_kv_tokens = req.num_computed_tokens = 0
+            req.kv_transfer_failed = True
+            req.status = RequestStatus.WAITING
+            self.waiting.add(req, now)
+        for rid in finished_sending:
+            self.kv.free(self.sending.pop(rid))
+            self.admission_blocked_on_kv = False
 
     def _finish_kv_load(self, request_id: str, now: float) -> None:
         req = self.loading.pop(request_id)
