@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, OmegaConf
 
 from policies import policy_class
+from policies.deciders import Decider, make_decider
 from policies.routers import Router, make_router
 from testbed.config_schema import vllm_fields
 from testbed.core import SchedulerConfig
@@ -33,6 +34,7 @@ from testbed.models import (
 )
 from testbed.sim.acceptance import AcceptanceModel, acceptance_table_path
 from testbed.sim.latency import LatencyModel
+from testbed.sim.link import LinkSpec
 from testbed.sim.predictor import make_latency_model
 from testbed.sim.profile_model import ProfileModel
 from testbed.sim.speed import SpeedTrace
@@ -230,6 +232,31 @@ def router(cfg: DictConfig) -> Router:
         return make_router(cfg.cluster.router, **args)
     except (TypeError, ValueError) as e:
         raise InputError(f"cluster.router={cfg.cluster.router} {args}: {e}") from e
+
+
+def decider(cfg: DictConfig) -> Decider:
+    """The disaggregated cluster's decider with its options (``cluster.decider_args``)."""
+    args = OmegaConf.to_container(cfg.cluster.decider_args, resolve=True)
+    try:
+        return make_decider(cfg.cluster.decider, **args)
+    except (TypeError, ValueError) as e:
+        raise InputError(f"cluster.decider={cfg.cluster.decider} {args}: {e}") from e
+
+
+def link_spec(cfg: DictConfig) -> LinkSpec:
+    """The KV link of a disaggregated cluster: its preset, with any field overridden."""
+    c = cfg.cluster
+    spec = LinkSpec.preset(c.link)
+    if c.link_latency_s is not None or c.link_bandwidth_bytes_s is not None:
+        spec = LinkSpec(
+            f"{c.link} (overridden)",
+            spec.latency_s if c.link_latency_s is None else c.link_latency_s,
+            spec.bandwidth_bytes_s
+            if c.link_bandwidth_bytes_s is None
+            else c.link_bandwidth_bytes_s,
+            spec.source,
+        )
+    return spec
 
 
 def speed_trace(cfg: DictConfig) -> SpeedTrace | None:

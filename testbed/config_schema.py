@@ -23,11 +23,13 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from policies import REGISTRY, policy_class
+from policies.deciders import DECIDERS
 from policies.routers import ROUTERS
 from testbed.engine.spec_config import SpeculativeConfig
 from testbed.errors import InputError
 from testbed.hardware import HardwareSpec
 from testbed.models import PROJECT_ROOT
+from testbed.sim.link import LINK_PRESETS
 
 # --- engine and cluster ---
 
@@ -95,6 +97,18 @@ class ClusterConfig:
     # power_of_two | prefix_affinity (policies/routers.py)
     router: str = "round_robin"
     router_args: dict[str, Any] = field(default_factory=dict)  # the router's options
+    # Disaggregated prefill/decode (mode=sim): num_prefill prefill and num_decode
+    # decode replicas instead of num_replicas colocated ones (0 and 0: colocated).
+    # The router picks the prefill replica; the decode one has the least KV usage.
+    num_prefill: int = 0
+    num_decode: int = 0
+    link: str = "nvlink"  # the KV link between them: nvlink | pcie | infiniband
+    link_latency_s: float | None = None  # None: the preset's
+    link_bandwidth_bytes_s: float | None = None  # None: the preset's
+    # Which requests are disaggregated: always | never | uncached_prompt
+    # (decider_args.threshold: uncached prompt tokens above which); policies/deciders.py.
+    decider: str = "always"
+    decider_args: dict[str, Any] = field(default_factory=dict)
 
 
 # --- modes ---
@@ -231,6 +245,12 @@ RANGES: dict[tuple[str, str], tuple[Any, str]] = {
     ),
     ("cluster", "num_replicas"): (_at_least(1), "an integer >= 1"),
     ("cluster", "router"): (lambda x: x in ROUTERS, f"one of {', '.join(sorted(ROUTERS))}"),
+    ("cluster", "num_prefill"): (_at_least(0), "an integer >= 0"),
+    ("cluster", "num_decode"): (_at_least(0), "an integer >= 0"),
+    ("cluster", "link"): (lambda x: x in LINK_PRESETS, f"one of {', '.join(sorted(LINK_PRESETS))}"),
+    ("cluster", "link_latency_s"): (lambda x: x is None or x >= 0, "null or >= 0"),
+    ("cluster", "link_bandwidth_bytes_s"): (_positive, "null or > 0"),
+    ("cluster", "decider"): (lambda x: x in DECIDERS, f"one of {', '.join(sorted(DECIDERS))}"),
     ("mode", "latency_scale"): (_positive, "> 0"),
     ("mode", "max_sim_time_s"): (_positive, "null or > 0"),
     ("mode", "max_wall_s"): (_positive, "null or > 0"),
@@ -263,6 +283,12 @@ def validate(cfg: DictConfig) -> None:
     for (group, key), (ok, allowed) in RANGES.items():
         if key in cfg[group] and not ok(cfg[group][key]):
             raise InputError(f"{group}.{key}={cfg[group][key]}: must be {allowed}")
+    cluster = cfg.cluster
+    if (cluster.num_prefill > 0) != (cluster.num_decode > 0):
+        raise InputError(
+            f"cluster.num_prefill={cluster.num_prefill}, cluster.num_decode="
+            f"{cluster.num_decode}: disaggregation needs both >= 1 (or both 0: colocated)"
+        )
     spec = cfg.engine.speculative
     for name in ("propose_s_per_step", "propose_s_per_request"):
         if spec[name] < 0:

@@ -26,6 +26,8 @@ _FLOATS = (
     "finish_s",
     "ttft_slo_s",
     "tpot_slo_s",
+    "kv_transfer_start_s",
+    "kv_transfer_end_s",
 )
 _INTS = (
     "index",
@@ -37,6 +39,8 @@ _INTS = (
     "status",
     "draft_tokens",
     "accepted_tokens",
+    "kv_transfer_bytes",
+    "kv_transfer_failed",
 )
 
 
@@ -74,6 +78,8 @@ class RequestRecords:
         f["finish_s"].append(_float(req.finish_time))
         f["ttft_slo_s"].append(_float(req.ttft_slo_s))
         f["tpot_slo_s"].append(_float(req.tpot_slo_s))
+        f["kv_transfer_start_s"].append(_float(req.kv_transfer_start))
+        f["kv_transfer_end_s"].append(_float(req.kv_transfer_end))
         i["index"].append(index)
         i["priority"].append(req.priority)
         i["prompt_tokens"].append(req.num_prompt_tokens)
@@ -83,6 +89,8 @@ class RequestRecords:
         i["status"].append(req.status)
         i["draft_tokens"].append(req.num_draft_tokens)
         i["accepted_tokens"].append(req.num_accepted_tokens)
+        i["kv_transfer_bytes"].append(req.kv_transfer_bytes)
+        i["kv_transfer_failed"].append(req.kv_transfer_failed)
         self._ids.append(req.request_id)
         self._tenants.append(req.tenant)
         self._reasons.append(req.reject_reason or "")
@@ -123,6 +131,11 @@ class RequestRecords:
                 "tpot_slo_s": col("tpot_slo_s"),
                 "draft_tokens": col("draft_tokens"),
                 "accepted_tokens": col("accepted_tokens"),
+                # Disaggregated prefill/decode: its prompt's KV from the prefill instance.
+                "kv_transfer_start_s": col("kv_transfer_start_s"),
+                "kv_transfer_end_s": col("kv_transfer_end_s"),
+                "kv_transfer_bytes": col("kv_transfer_bytes"),
+                "kv_transfer_failed": col("kv_transfer_failed").astype(bool),
                 "tpot_s": tpot,
             }
         )

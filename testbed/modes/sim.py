@@ -11,10 +11,12 @@ from omegaconf import DictConfig
 from policies import make_policy
 from testbed.build import (
     acceptance_model,
+    decider,
     draft_latency_model,
     hardware_spec,
     kv_blocks,
     latency_model,
+    link_spec,
     machine_speed,
     policy_config,
     router,
@@ -22,9 +24,11 @@ from testbed.build import (
     speed_trace,
 )
 from testbed.core import EngineCore, KVCacheManager, Request, Scheduler
+from testbed.core.kv_connector import PDConnector
 from testbed.core.spec_stats import SpecDecodingStats
 from testbed.metrics import RunResult
 from testbed.models import ModelSpec
+from testbed.sim.disagg import DisaggSimulation
 from testbed.sim.executor import SimExecutor
 from testbed.sim.simulator import Simulation
 
@@ -50,9 +54,15 @@ def simulate(
     draft = draft_latency_model(cfg) if acceptance is not None else None
     engines: list[EngineCore] = []
 
+    cluster = cfg.cluster
+    disagg = cluster.num_prefill > 0
+
     def make_engine(i: int, clock) -> EngineCore:
         kv = KVCacheManager(blocks, engine.block_size, engine.enable_prefix_caching)
-        sched = Scheduler(scheduler_config(engine, max_len), kv, make_policy(policy))
+        connector = None
+        if disagg:  # replicas 0..P-1 prefill, the rest decode
+            connector = PDConnector("producer" if i < cluster.num_prefill else "consumer", i)
+        sched = Scheduler(scheduler_config(engine, max_len), kv, make_policy(policy), connector)
         executor = SimExecutor(
             latency,
             acceptance,
@@ -69,16 +79,30 @@ def simulate(
         engines.append(EngineCore(sched, executor, clock))
         return engines[-1]
 
-    sim = Simulation(
-        requests,
-        make_engine,
-        latency,
-        num_replicas=cfg.cluster.num_replicas,
-        router=router(cfg),
-        fast_forward=cfg.mode.fast_forward,
-        on_progress=on_progress,
-        max_sim_time_s=cfg.mode.max_sim_time_s,
+    common = dict(
+        router=router(cfg), on_progress=on_progress, max_sim_time_s=cfg.mode.max_sim_time_s
     )
+    if disagg:
+        sim = DisaggSimulation(
+            requests,
+            make_engine,
+            latency,
+            cluster.num_prefill,
+            cluster.num_decode,
+            link_spec(cfg),
+            spec.kv_bytes_per_token(cfg.model.dtype),
+            decider=decider(cfg),
+            **common,
+        )
+    else:
+        sim = Simulation(
+            requests,
+            make_engine,
+            latency,
+            num_replicas=cluster.num_replicas,
+            fast_forward=cfg.mode.fast_forward,
+            **common,
+        )
     result = sim.run()
     hits = sum(e.scheduler.kv.stats.hits for e in engines)
     queries = sum(e.scheduler.kv.stats.queries for e in engines)
@@ -96,6 +120,8 @@ def simulate(
         "partial": result.partial,
         "stop_reason": result.stop_reason,
     }
+    if disagg:
+        extra.update(sim.disagg_metrics(result.duration_s))
     if acceptance is not None:
         stats = SpecDecodingStats.merged(e.scheduler.spec_stats for e in engines)
         extra.update(spec_acceptance_model=acceptance.source, **stats.metrics())

@@ -55,6 +55,9 @@ class SimExecutor:
         # The proposer's time: per step it drafts in, and per request it drafts for.
         self.propose_s_per_step, self.propose_s_per_request = propose_s
         self.draft_latency, self.draft_latency_scale = draft_latency, draft_latency_scale
+        # Starts the KV transfers a step's connector metadata asks for (set by a
+        # disaggregated simulation: testbed.sim.disagg).
+        self.kv_transfers: Callable[[object], None] | None = None
         self.seed = seed
         self._rngs: dict[str, random.Random] = {}  # each request's own, while it runs
 
@@ -65,6 +68,10 @@ class SimExecutor:
         return rng
 
     def execute(self, so: SchedulerOutput) -> ExecutorOutput:
+        if so.kv_connector_metadata is not None and self.kv_transfers is not None:
+            self.kv_transfers(so.kv_connector_metadata)
+        if not so.requests:  # only KV to wait for: no step
+            return ExecutorOutput(latency_s=0.0)
         latency = self.latency_model.predict(*step_features(so))
         if so.spec_token_ids:  # requests verifying drafts, beyond their tokens
             latency += self.latency_model.verification_s(len(so.spec_token_ids))

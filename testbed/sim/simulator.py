@@ -63,6 +63,10 @@ class Replica:
         self.inbox.append(request)
         self.num_outstanding += 1
         self.num_outstanding_tokens += request.num_prompt_tokens
+        self.wake()
+
+    def wake(self) -> None:
+        """Let the replica look again if it waits for an event (an arrival, KV)."""
         if self.idle is not None and not self.idle.triggered:
             self.idle.succeed()
 
@@ -78,7 +82,7 @@ class Replica:
                         self._finished([req])
                 self.inbox.clear()
             if not engine.has_unfinished_requests():
-                if sim.dispatcher.done:
+                if sim.arrivals_done():
                     return
                 self.idle = env.event()
                 yield self.idle
@@ -196,13 +200,11 @@ class Dispatcher:
         return self._next[1].arrival_time if self._next is not None else float("inf")
 
     def dispatch_until(self, now: float) -> None:
-        replicas = self.sim.replicas
         while self._next is not None and self._next[1].arrival_time <= now:
             row, req = self._next
             self._next = next(self._source, None)
             self.in_flight[req.request_id] = (row, req)
-            i = 0 if len(replicas) == 1 else self.router.choose(req, replicas, now)
-            replicas[i].deliver(req)
+            self.sim.route(req, now)
 
     def undispatched(self):
         """``(row, request)`` of every request not dispatched yet (consumes them)."""
@@ -263,6 +265,16 @@ class Simulation:
         self.dispatcher = Dispatcher(self, self.requests, router or RoundRobin())
         if fast_forward:  # what the policy's hooks cost the jumps, said once per class
             warn_of_costs(self.replicas[0].engine.scheduler.policy)
+
+    def route(self, request: Request, now: float) -> None:
+        """Send an arrival to the replica its router chooses."""
+        replicas = self.replicas
+        i = 0 if len(replicas) == 1 else self.dispatcher.router.choose(request, replicas, now)
+        replicas[i].deliver(request)
+
+    def arrivals_done(self) -> bool:
+        """Whether no request will reach a replica any more."""
+        return self.dispatcher.done
 
     def on_finished(self, finished: Sequence[Request]) -> None:
         """Count them, pool the finished ones' token gaps and keep only counts of

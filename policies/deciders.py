@@ -1,0 +1,58 @@
+"""Disaggregation deciders: whether a request's prompt is computed on a prefill
+instance and its KV moved to a decode instance, or the decode instance computes
+it itself (BLIS's deciders; llm-d's selective P/D). Used by the simulator's and
+the real engine's disaggregated clusters."""
+
+from __future__ import annotations
+
+from testbed.core.request import Request
+
+
+class Decider:
+    """Base class: True to disaggregate ``request``, whose prompt has
+    ``uncached_tokens`` tokens the decode instance it would go to does not hold."""
+
+    name = "base"
+    needs_cached_tokens = False  # whether uncached_tokens must be looked up
+
+    def disaggregate(self, request: Request, uncached_tokens: int) -> bool:
+        raise NotImplementedError
+
+
+class Always(Decider):
+    name = "always"
+
+    def disaggregate(self, request: Request, uncached_tokens: int) -> bool:
+        return True
+
+
+class Never(Decider):
+    name = "never"
+
+    def disaggregate(self, request: Request, uncached_tokens: int) -> bool:
+        return False
+
+
+class UncachedPrompt(Decider):
+    """Disaggregate prompts with more than ``threshold`` uncached tokens: a short
+    prefill costs a decode batch less than moving its KV does."""
+
+    name = "uncached_prompt"
+    needs_cached_tokens = True
+
+    def __init__(self, threshold: int = 512) -> None:
+        if threshold < 0:
+            raise ValueError(f"uncached_prompt: threshold must be >= 0, got {threshold}")
+        self.threshold = threshold
+
+    def disaggregate(self, request: Request, uncached_tokens: int) -> bool:
+        return uncached_tokens > self.threshold
+
+
+DECIDERS = {cls.name: cls for cls in (Always, Never, UncachedPrompt)}
+
+
+def make_decider(name: str, **kwargs) -> Decider:
+    if name not in DECIDERS:
+        raise ValueError(f"unknown decider {name!r}; known: {', '.join(sorted(DECIDERS))}")
+    return DECIDERS[name](**kwargs)

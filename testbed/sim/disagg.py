@@ -1,0 +1,179 @@
+"""Disaggregated prefill/decode in the simulator: P prefill and D decode
+replicas, the KV of each prompt moved between them over a modelled link.
+
+An arrival that the decider disaggregates goes, as a one-token "prefill leg"
+(``kv_transfer_params={"do_remote_decode": True}``, as vLLM's proxy sends it), to
+the prefill replica the router picks; when the leg finishes there its blocks
+stay allocated (the producer's connector) and the request itself goes to the
+decode replica the pairing picks (the least KV usage), whose connector loads the
+prompt's KV (all but the last token, which it computes to sample the first
+output token); the load moves over the link between the two replicas
+(:mod:`testbed.sim.kv_transfer`), and as it ends the decode side runs the
+request and the prefill side frees the leg's blocks. TTFT includes the prefill,
+the transfer and the decode side's first step. An arrival the decider keeps
+whole goes to the least loaded decode replica and is served there.
+
+Steps are simulated one by one (the fast path's jumps assume arrivals are the
+only outside events; KV arriving is another).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from policies.deciders import Always, Decider
+from testbed.core import EngineCore, Request, SamplingParams
+from testbed.core.request import SERVED
+from testbed.sim.kv_transfer import KVTransfers
+from testbed.sim.link import LinkSpec
+from testbed.sim.simulator import Replica, Simulation
+
+LEG_SUFFIX = "@prefill"
+
+
+class PoolView:
+    """A replica as a router sees it within its pool (``index``: its place there)."""
+
+    __slots__ = ("index", "replica")
+
+    def __init__(self, replica: Replica, index: int) -> None:
+        self.replica, self.index = replica, index
+
+    @property
+    def num_outstanding(self) -> int:
+        return self.replica.num_outstanding
+
+    @property
+    def num_outstanding_tokens(self) -> int:
+        return self.replica.num_outstanding_tokens
+
+
+def prefill_leg(request: Request) -> Request:
+    """The request as its prefill instance gets it: the same prompt, one token."""
+    return Request(
+        request_id=request.request_id + LEG_SUFFIX,
+        prompt_token_ids=request.prompt_token_ids,
+        num_prompt_tokens=request.num_prompt_tokens,
+        sampling_params=SamplingParams(max_tokens=1, ignore_eos=True),
+        tenant=request.tenant,
+        priority=request.priority,
+        ttft_slo_s=request.ttft_slo_s,
+        arrival_time=request.arrival_time,
+        prefix_hash_ids=request.prefix_hash_ids,
+        hash_block_tokens=request.hash_block_tokens,
+        kv_transfer_params={"do_remote_decode": True},
+    )
+
+
+class DisaggSimulation(Simulation):
+    """Replicas ``0..P-1`` prefill (their engines' connectors producers), ``P..P+D-1``
+    decode (consumers); ``make_engine(i, clock)`` builds each."""
+
+    def __init__(
+        self,
+        requests,
+        make_engine: Callable[[int, Callable[[], float]], EngineCore],
+        latency_model,
+        num_prefill: int,
+        num_decode: int,
+        link: LinkSpec,
+        kv_bytes_per_token: float,
+        router=None,
+        decider: Decider | None = None,
+        **kwargs,
+    ) -> None:
+        if num_prefill < 1 or num_decode < 1:
+            raise ValueError(
+                f"need a prefill and a decode replica, got {num_prefill}P{num_decode}D"
+            )
+        kwargs["fast_forward"] = False
+        super().__init__(
+            requests, make_engine, latency_model, num_prefill + num_decode, router, **kwargs
+        )
+        self.num_prefill = num_prefill
+        self.prefill_pool = [PoolView(r, k) for k, r in enumerate(self.replicas[:num_prefill])]
+        self.decode_pool = [PoolView(r, k) for k, r in enumerate(self.replicas[num_prefill:])]
+        self.decider = decider or Always()
+        self.transfers = KVTransfers(
+            self.env,
+            self.replicas,
+            link,
+            kv_bytes_per_token,
+            lambda i, rid: self.replicas[i].engine.scheduler.requests[rid],
+        )
+        for i, rep in enumerate(self.replicas):
+            rep.engine.executor.kv_transfers = lambda meta, i=i: self.transfers.start(i, meta)
+        self.legs: dict[str, Request] = {}  # prefill leg id -> its request
+        self.num_disaggregated = 0
+
+    def _pair(self) -> Replica:
+        """The decode replica for a request: the least KV usage, then the fewest
+        outstanding requests."""
+        best = min(
+            self.decode_pool,
+            key=lambda v: (v.replica.engine.scheduler.kv.usage, v.num_outstanding, v.index),
+        )
+        return best.replica
+
+    def route(self, request: Request, now: float) -> None:
+        uncached = request.num_prompt_tokens
+        decode = self._pair()
+        if self.decider.needs_cached_tokens:
+            uncached -= decode.engine.scheduler.prefix_hit_tokens(request)
+        if not self.decider.disaggregate(request, uncached):
+            decode.deliver(request)
+            return
+        leg = prefill_leg(request)
+        self.legs[leg.request_id] = request
+        self.num_disaggregated += 1
+        pool = self.prefill_pool
+        k = 0 if len(pool) == 1 else self.dispatcher.router.choose(leg, pool, now)
+        pool[k].replica.deliver(leg)
+
+    def arrivals_done(self) -> bool:
+        return self.dispatcher.done and not self.legs
+
+    def on_finished(self, finished) -> None:
+        users = []
+        for req in finished:
+            original = self.legs.pop(req.request_id, None)
+            if original is None:
+                users.append(req)
+            elif req.status in SERVED and req.kv_transfer_params:
+                original.kv_transfer_params = req.kv_transfer_params
+                original.first_scheduled_time = req.first_scheduled_time
+                original.num_cached_tokens = req.num_cached_tokens
+                self._pair().deliver(original)
+            else:  # the leg was refused or aborted: so is the request
+                original.status, original.finish_time = req.status, req.finish_time
+                original.reject_reason = req.reject_reason
+                original.finish_reason = req.finish_reason
+                users.append(original)
+        if users:
+            super().on_finished(users)
+        if not self.legs and self.dispatcher.done:
+            for rep in self.replicas:  # those waiting for more may stop
+                rep.wake()
+
+    def disagg_metrics(self, duration_s: float) -> dict[str, float]:
+        """``metrics.json``'s fields of the cluster: transfers, links, each pool's
+        busy fraction."""
+        out = {
+            "num_prefill": self.num_prefill,
+            "num_decode": len(self.decode_pool),
+            "num_disaggregated": self.num_disaggregated,
+            **self.transfers.metrics(duration_s),
+        }
+        replica = np.asarray(self.steps.column("replica"))
+        latency = np.asarray(self.steps.column("latency_s"))
+        for name, lo, hi in (
+            ("prefill", 0, self.num_prefill),
+            ("decode", self.num_prefill, len(self.replicas)),
+        ):
+            busy = latency[(replica >= lo) & (replica < hi)].sum()
+            out[f"{name}_pool_utilization"] = (
+                float(busy / (duration_s * (hi - lo))) if duration_s > 0 else 0.0
+            )
+        return out

@@ -1,0 +1,109 @@
+"""The simulator's data side of KV transfers: each load a decode instance's
+connector asks for (``PDMetadata``) moves over the link between the two
+instances (:class:`~testbed.sim.link.Link`, one per ordered pair), and as it
+ends both schedulers hear of it (the decode side's request runs, the prefill
+side's blocks are freed) and both replicas wake."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import simpy
+
+from testbed.core.kv_connector import KVLoad, PDMetadata
+from testbed.core.request import Request
+from testbed.sim.link import Link, LinkSpec
+
+
+class KVTransfers:
+    """Moves KV between replicas on simulated time.
+
+    ``replicas``: the simulation's replicas (``engine.scheduler``, ``wake()``);
+    ``bytes_per_token``: the model's KV bytes per token."""
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        replicas,
+        spec: LinkSpec,
+        bytes_per_token: float,
+        requests: Callable[[int, str], Request],
+    ) -> None:
+        self.env, self.replicas, self.spec = env, replicas, spec
+        self.bytes_per_token = bytes_per_token
+        self._request = requests  # (replica, request id) -> the request there
+        self.links: dict[tuple[int, int], Link] = {}
+        self._version: dict[tuple[int, int], int] = {}
+        self._done: dict[tuple[int, int], dict[str, tuple[int, KVLoad]]] = {}
+        self.durations: list[float] = []
+        self.num_in_flight = 0
+
+    def start(self, replica: int, meta: PDMetadata) -> None:
+        """The loads ``replica``'s connector asked for in this step: each starts now."""
+        for load in meta.loads:
+            self.env.process(self._transfer(replica, load))
+
+    def _transfer(self, dst: int, load: KVLoad):
+        src = load.remote_instance
+        req = self._request(dst, load.request_id)
+        nbytes = load.num_tokens * self.bytes_per_token
+        req.kv_transfer_start, req.kv_transfer_bytes = self.env.now, int(nbytes)
+        self.num_in_flight += 1
+        yield self.env.timeout(self.spec.latency_s)
+        pair = (src, dst)
+        link = self.links.get(pair)
+        if link is None:
+            link = self.links[pair] = Link(self.spec)
+            link.now = self.env.now
+            self._version[pair], self._done[pair] = 0, {}
+        link.advance(self.env.now)
+        link.add(load.request_id, nbytes)
+        self._done[pair][load.request_id] = (dst, load)
+        self._reschedule(pair)
+
+    def _reschedule(self, pair: tuple[int, int]) -> None:
+        """After a change on ``pair``'s link: wake at its next finish (earlier wakes
+        for an older state are ignored by their version)."""
+        self._version[pair] += 1
+        at = self.links[pair].next_finish()
+        if at < float("inf"):
+            self.env.process(self._wake(pair, self._version[pair], at))
+
+    def _wake(self, pair: tuple[int, int], version: int, at: float):
+        yield self.env.timeout(max(0.0, at - self.env.now))
+        if self._version[pair] != version:
+            return
+        link = self.links[pair]
+        link.advance(self.env.now)
+        for rid in link.pop_finished():
+            dst, load = self._done[pair].pop(rid)
+            self._finish(dst, load)
+        self._reschedule(pair)
+
+    def _finish(self, dst: int, load: KVLoad) -> None:
+        now = self.env.now
+        req = self._request(dst, load.request_id)
+        req.kv_transfer_end = now
+        self.durations.append(now - req.kv_transfer_start)
+        self.num_in_flight -= 1
+        decode, prefill = self.replicas[dst], self.replicas[load.remote_instance]
+        decode.engine.scheduler.update_connector_output((), {load.request_id}, now)
+        prefill.engine.scheduler.update_connector_output({load.remote_request_id}, (), now)
+        decode.wake()
+        prefill.wake()
+
+    def metrics(self, duration_s: float) -> dict[str, float]:
+        """``metrics.json``'s transfer fields."""
+        d = np.asarray(self.durations)
+        links = list(self.links.values())
+        util = [link.busy_s / duration_s for link in links] if duration_s > 0 else []
+        return {
+            "kv_transfer_bytes": float(sum(link.bytes_moved for link in links)),
+            "kv_transfers": len(d),
+            "kv_transfer_s_mean": float(d.mean()) if len(d) else float("nan"),
+            "kv_transfer_s_p99": float(np.percentile(d, 99)) if len(d) else float("nan"),
+            "kv_link": self.spec.name,
+            "kv_link_utilization_mean": float(np.mean(util)) if util else 0.0,
+            "kv_link_utilization_max": float(np.max(util)) if util else 0.0,
+        }
