@@ -80,7 +80,10 @@ def simulate(
         return engines[-1]
 
     common = dict(
-        router=router(cfg), on_progress=on_progress, max_sim_time_s=cfg.mode.max_sim_time_s
+        router=router(cfg),
+        fast_forward=cfg.mode.fast_forward,
+        on_progress=on_progress,
+        max_sim_time_s=cfg.mode.max_sim_time_s,
     )
     if disagg:
         sim = DisaggSimulation(
@@ -100,7 +103,6 @@ def simulate(
             make_engine,
             latency,
             num_replicas=cluster.num_replicas,
-            fast_forward=cfg.mode.fast_forward,
             **common,
         )
     result = sim.run()

@@ -13,8 +13,12 @@ request and the prefill side frees the leg's blocks. TTFT includes the prefill,
 the transfer and the decode side's first step. An arrival the decider keeps
 whole goes to the least loaded decode replica and is served there.
 
-Steps are simulated one by one (the fast path's jumps assume arrivals are the
-only outside events; KV arriving is another).
+The fast path's jumps stop before the next event that may touch a replica: an
+arrival (the decider and pairing read the decode replicas), a prefill step that
+ends with finished legs (each handed to a decode replica chosen by its KV usage
+then), a transfer out of or into it ending (blocks freed, a request ready).
+Processor sharing only delays a transfer already under way, so a link's next
+finish is a safe bound.
 """
 
 from __future__ import annotations
@@ -88,7 +92,6 @@ class DisaggSimulation(Simulation):
             raise ValueError(
                 f"need a prefill and a decode replica, got {num_prefill}P{num_decode}D"
             )
-        kwargs["fast_forward"] = False
         super().__init__(
             requests, make_engine, latency_model, num_prefill + num_decode, router, **kwargs
         )
@@ -106,6 +109,11 @@ class DisaggSimulation(Simulation):
         for i, rep in enumerate(self.replicas):
             rep.engine.executor.kv_transfers = lambda meta, i=i: self.transfers.start(i, meta)
         self.legs: dict[str, Request] = {}  # prefill leg id -> its request
+        # No step is shorter (latency models are monotone in every feature).
+        self.min_step_s = latency_model.predict(1, 1, 1.0, 1, 1)
+        speed = getattr(self.replicas[0].engine.executor, "speed", None)
+        if speed is not None:
+            self.min_step_s *= speed.min_factor
         self.num_disaggregated = 0
 
     def _pair(self) -> Replica:
@@ -134,6 +142,18 @@ class DisaggSimulation(Simulation):
 
     def arrivals_done(self) -> bool:
         return self.dispatcher.done and not self.legs
+
+    def next_event_time(self, replica: Replica) -> float:
+        t = self.dispatcher.next_arrival_time
+        if self.legs:
+            # A prefill step hands its finished legs over as it ends; a replica
+            # whose step finishes none may finish some in its next, no sooner than
+            # the shortest step after it. (An idle one starts only on an event.)
+            for view in self.prefill_pool:
+                rep = view.replica
+                end = rep.step_end if rep.finishing else rep.step_end + self.min_step_s
+                t = min(t, end)
+        return min(t, self.transfers.next_event_time(replica.index))
 
     def on_finished(self, finished) -> None:
         users = []

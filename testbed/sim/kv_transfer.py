@@ -38,6 +38,7 @@ class KVTransfers:
         self._done: dict[tuple[int, int], dict[str, tuple[int, KVLoad]]] = {}
         self.durations: list[float] = []
         self.num_in_flight = 0
+        self._joining: list[tuple[int, int, float]] = []  # in their latency: (src, dst, join)
 
     def start(self, replica: int, meta: PDMetadata) -> None:
         """The loads ``replica``'s connector asked for in this step: each starts now."""
@@ -50,7 +51,10 @@ class KVTransfers:
         nbytes = load.num_tokens * self.bytes_per_token
         req.kv_transfer_start, req.kv_transfer_bytes = self.env.now, int(nbytes)
         self.num_in_flight += 1
+        joining = (src, dst, self.env.now + self.spec.latency_s)
+        self._joining.append(joining)
         yield self.env.timeout(self.spec.latency_s)
+        self._joining.remove(joining)
         pair = (src, dst)
         link = self.links.get(pair)
         if link is None:
@@ -92,6 +96,18 @@ class KVTransfers:
         prefill.engine.scheduler.update_connector_output({load.remote_request_id}, (), now)
         decode.wake()
         prefill.wake()
+
+    def next_event_time(self, replica: int) -> float:
+        """The earliest a transfer into or out of ``replica`` may end (one joining
+        a link later only slows those on it)."""
+        t = float("inf")
+        for (src, dst), link in self.links.items():
+            if replica in (src, dst) and link.remaining:
+                t = min(t, link.next_finish())
+        for src, dst, join in self._joining:
+            if replica in (src, dst):
+                t = min(t, join)
+        return t
 
     def metrics(self, duration_s: float) -> dict[str, float]:
         """``metrics.json``'s transfer fields."""

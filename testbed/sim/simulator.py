@@ -58,6 +58,9 @@ class Replica:
         self.idle: simpy.Event | None = None
         self.num_outstanding = 0  # routed here, not yet finished
         self.num_outstanding_tokens = 0  # their prompt tokens
+        # While a step runs: when it ends, and whether requests finish with it.
+        self.step_end = math.inf
+        self.finishing = False
 
     def deliver(self, request: Request) -> None:
         self.inbox.append(request)
@@ -94,7 +97,9 @@ class Replica:
             res = engine.step()
             log.add_result(self.index, res)
             if res.latency_s > 0:
+                self.step_end, self.finishing = env.now + res.latency_s, bool(res.finished)
                 yield env.timeout(res.latency_s)
+                self.step_end, self.finishing = math.inf, False
             elif res.num_reqs == 0:
                 # Nothing schedulable (e.g. KV arriving): wait for the next event.
                 self.idle = env.event()
@@ -109,7 +114,7 @@ class Replica:
         event for all; nothing outside this replica can tell the difference, since
         only arrivals look at other replicas)."""
         env = self.sim.env
-        now, next_arrival = env.now, self.sim.dispatcher.next_arrival_time
+        now, next_arrival = env.now, self.sim.next_event_time(self)
         t = now
         while True:
             t, finished = self._decode_run(k, t, next_arrival, sched, log, latency_model)
@@ -275,6 +280,12 @@ class Simulation:
     def arrivals_done(self) -> bool:
         """Whether no request will reach a replica any more."""
         return self.dispatcher.done
+
+    def next_event_time(self, replica: Replica) -> float:
+        """The earliest time anything outside ``replica`` may look at it or change
+        it: its fast path's jumps stop before then (here: the next arrival, which
+        a router may send anywhere after reading every replica's counts)."""
+        return self.dispatcher.next_arrival_time
 
     def on_finished(self, finished: Sequence[Request]) -> None:
         """Count them, pool the finished ones' token gaps and keep only counts of

@@ -127,3 +127,25 @@ def test_disaggregation_needs_both_pools(tmp_path):
         run(tmp_path, "cluster=disagg", "cluster.num_decode=0")
     with pytest.raises(InputError, match=r"cluster\.link=wifi: must be one of"):
         run(tmp_path, "cluster=disagg", "cluster.link=wifi")
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        (),
+        ("cluster.num_prefill=2", "cluster.num_decode=3", "cluster.link_bandwidth_bytes_s=5e7"),
+        ("cluster.decider=uncached_prompt", "+cluster.decider_args.threshold=500"),
+    ],
+)
+def test_the_fast_path_gives_a_disaggregated_run_the_results_of_stepping(tmp_path, extra):
+    """Its jumps stop before every event that may touch a replica (arrivals, legs
+    handed over, transfers ending): requests and steps identical on and off."""
+    common = ("cluster=disagg", "trace.num_requests=150", "trace.rate=6", *extra)
+    fast = run(tmp_path, *common, "mode.fast_forward=true", name="fast")
+    slow = run(tmp_path, *common, "mode.fast_forward=false", name="slow")
+    assert fast["num_jumped_steps"] > 0 and slow["num_jumped_steps"] == 0
+    for name in ("requests.csv", "steps.csv"):
+        a, b = (pd.read_csv(tmp_path / n / name) for n in ("fast", "slow"))
+        pd.testing.assert_frame_equal(a, b)
+    keys = [k for k in fast if k.startswith(("kv_", "ttft", "e2e", "tpot"))]
+    assert {k: fast[k] for k in keys} == {k: slow[k] for k in keys}
