@@ -89,7 +89,7 @@ def test_a_composed_config_pickles_with_its_policy_options():
         (["mode.latency_scale=0"], r"mode\.latency_scale=0\.0: must be > 0"),
         (["+engine.max_num_seq=4"], r"engine\.max_num_seq: no such option of the engine group"),
         (["+policy.foo=1"], r"policy\.foo: no such option of policy=fcfs"),
-        (["mode=real", "cluster=replicas4"], r"cluster\.num_replicas=4: the real engine runs one"),
+        (["mode=real", "cluster=disagg"], r"cluster\.num_prefill=1: disaggregated prefill/decode"),
         (["trace=csv"], r"trace=csv needs trace\.path=<value>"),
         (["policy=custom"], r"policy=custom needs policy\._target_=<value>"),
     ],

@@ -24,8 +24,10 @@ from testbed.core.scheduler import Scheduler, SchedulerConfig
 class WallClock:
     """Seconds since the clock was made, from ``time.perf_counter``."""
 
-    def __init__(self) -> None:
-        self._t0 = time.perf_counter()
+    def __init__(self, origin: float | None = None) -> None:
+        """``origin``: a ``time.perf_counter`` reading to count from (another
+        process's clock: the counter is system-wide), default now."""
+        self._t0 = time.perf_counter() if origin is None else origin
 
     def reset(self) -> None:
         """Start counting from zero again (a replay starts its clock at its start)."""

@@ -20,8 +20,9 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig
 
-from testbed.build import draft_latency_model, engine_args, latency_model, run_model
+from testbed.build import draft_latency_model, engine_args, latency_model, router, run_model
 from testbed.core import Request
+from testbed.engine.cluster import replay_cluster
 from testbed.engine.device import machine_name
 from testbed.engine.draft_model import DraftModelProposer
 from testbed.engine.factory import build_engine, engine_model
@@ -44,6 +45,8 @@ def run_real(
     engine's fields of ``metrics.json``."""
     args = engine_args(cfg)
     model = engine_model(run_model(cfg))
+    if cfg.cluster.num_replicas > 1:
+        return run_cluster(cfg, args, model, requests, spec, on_progress)
     engine, executor, _ = build_engine(args, model=model)
     probe = IdleProbe(args, executor) if cfg.mode.idle_probe else None
     reference = None
@@ -85,6 +88,41 @@ def run_real(
     # profile's: it stays out of the machine's speed.
     proposing = executor.proposer_time.total_s
     extra.update(speed_vs_profile(cfg, spec, result.steps, exclude_s=proposing))
+    return result, extra
+
+
+def run_cluster(cfg, args, model, requests, spec, on_progress):
+    """``cluster.num_replicas`` engine processes behind the router
+    (:mod:`testbed.engine.cluster`)."""
+
+    if cfg.mode.idle_probe or cfg.hardware.reference_cpus or args.speculative_config:
+        raise InputError(
+            f"cluster.num_replicas={cfg.cluster.num_replicas}: the idle and reference "
+            "probes and speculative decoding run with one engine only so far"
+        )
+    result = replay_cluster(
+        args,
+        requests,
+        cfg.cluster.num_replicas,
+        router(cfg),
+        on_progress,
+        cfg.mode.max_wall_s,
+        model=model,
+    )
+    stats = result.extra.pop("replica_stats")
+    hits = sum(s.get("prefix_hits", 0) for s in stats)
+    queries = sum(s.get("prefix_queries", 0) for s in stats)
+    extra = {
+        "latency_model": "measured",
+        "latency_model_source": f"{cfg.cluster.num_replicas} real engine processes",
+        "num_kv_blocks": stats[0].get("num_kv_blocks") if stats else None,
+        "prefix_cache_hit_rate": hits / queries if queries else 0.0,
+        "tokens_computed": sum(s.get("tokens_computed", 0) for s in stats),
+        "replica_events": result.extra.pop("replica_events"),
+        "partial": result.partial,
+        "stop_reason": result.stop_reason,
+    }
+    extra.update(speed_vs_profile(cfg, spec, result.steps))
     return result, extra
 
 

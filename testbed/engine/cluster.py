@@ -1,0 +1,294 @@
+"""Several real engine instances, each in its own process, behind the router:
+the parent side of a multi-process real run (``mode=real`` with
+``cluster.num_replicas`` > 1).
+
+The parent starts the workers (:mod:`testbed.engine.worker`, torch
+multiprocessing, spawned), waits until every one has built its engine, then
+replays the trace on the wall clock: each arrival goes to the replica the router
+picks (policies/routers.py, on the parent's counts of what each has
+outstanding), each step's row comes back into one step log, each request comes
+back when it ends. A worker that dies is reported by name and its outstanding
+requests are sent again, from scratch, to the others (or, with none left,
+reported failed); a Ctrl-C or SIGTERM stops every worker and the run still
+returns what it measured.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from multiprocessing.connection import wait
+
+import torch.multiprocessing as mp
+
+from testbed.core import Request, RequestStatus, WallClock
+from testbed.engine.args import EngineArgs
+from testbed.engine.worker import worker_main
+from testbed.metrics import RunResult, StepLog
+
+START_TIMEOUT_S = 600.0  # a worker that has not built its engine by then has failed
+
+
+class ReplicaState:
+    """A worker as the router sees it, and what the parent knows of it."""
+
+    def __init__(self, index: int, process, inbox, outbox) -> None:
+        self.index, self.process, self.inbox, self.outbox = index, process, inbox, outbox
+        self.outstanding: dict[str, Request] = {}  # sent there, not back yet
+        self.num_outstanding_tokens = 0
+        self.alive = True
+        self.exit_stats: dict | None = None
+
+    @property
+    def name(self) -> str:
+        return f"engine-{self.index}"
+
+    @property
+    def num_outstanding(self) -> int:
+        return len(self.outstanding)
+
+    def send(self, request: Request) -> None:
+        self.outstanding[request.request_id] = request
+        self.num_outstanding_tokens += request.num_prompt_tokens
+        self.inbox.put(("add", [request]))
+
+    def take(self, request_id: str) -> Request | None:
+        req = self.outstanding.pop(request_id, None)
+        if req is not None:
+            self.num_outstanding_tokens -= req.num_prompt_tokens
+        return req
+
+
+def worker_args(args: EngineArgs, num_replicas: int) -> EngineArgs:
+    """Each worker's engine: on a CPU, the cores shared out (one torch thread per
+    core, not every worker on every core) unless ``threads`` says otherwise."""
+    if args.threads is None and (args.device or "cpu") == "cpu":
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+        return replace(args, threads=max(1, cores // num_replicas))
+    return args
+
+
+def replay_cluster(
+    args: EngineArgs,
+    requests: Sequence[Request],
+    num_replicas: int,
+    router,
+    on_progress: Callable[[float, int], None] | None = None,
+    max_wall_s: float | None = None,
+    model=None,
+) -> RunResult:
+    """Replay ``requests`` on ``num_replicas`` engine processes; the run's records
+    (``requests`` as they came back, in their order) and merged step log."""
+    ctx = mp.get_context("spawn")
+    wargs = worker_args(args, num_replicas)
+    replicas: list[ReplicaState] = []
+    for i in range(num_replicas):
+        inbox = ctx.Queue()
+        reader, writer = ctx.Pipe(duplex=False)
+        proc = ctx.Process(
+            target=worker_main,
+            args=(i, wargs, inbox, writer, model),
+            name=f"engine-{i}",
+            daemon=True,
+        )
+        proc.start()
+        writer.close()  # the worker's end: a dead worker's pipe reads as closed
+        replicas.append(ReplicaState(i, proc, inbox, reader))
+    outbox = Outboxes(replicas)
+    final: dict[str, Request] = {}
+    log = StepLog()
+    partial, reason, error = False, "finished", None
+    messages: list[str] = []
+    start = time.perf_counter()
+    clock = WallClock()
+    try:
+        _wait_ready(replicas, outbox)
+        clock.reset()
+        for rep in replicas:
+            rep.inbox.put(("start", clock.origin))
+        pending = deque(sorted(requests, key=lambda r: r.arrival_time))
+        while pending or any(rep.outstanding for rep in replicas):
+            now = clock()
+            if max_wall_s is not None and now > max_wall_s:
+                partial, reason = True, f"stopped at max_wall_s={max_wall_s}"
+                break
+            live = [rep for rep in replicas if rep.alive]
+            if not live:
+                reason = "every engine process died"
+                break
+            while pending and pending[0].arrival_time <= now:
+                _dispatch(pending.popleft(), live, router, now)
+            wait = pending[0].arrival_time - clock() if pending else 0.05
+            _drain(outbox, replicas, final, log, max(0.0, min(wait, 0.05)), on_progress, clock)
+            for rep in replicas:
+                if rep.alive and not rep.process.is_alive():
+                    others = [r for r in replicas if r.alive and r is not rep]
+                    n = _lost(rep, others, router, clock())
+                    what = "sent again to the others" if others else "failed"
+                    messages.append(
+                        f"{rep.name} died (exit code {rep.process.exitcode}): "
+                        f"its {n} outstanding requests {what}"
+                    )
+                    print(f"WARNING: {messages[-1]}", flush=True)
+        for rep in replicas:
+            if rep.alive and rep.process.is_alive():
+                rep.inbox.put(("stop",))
+        _collect_exits(replicas, outbox, final, log)
+    except KeyboardInterrupt as e:  # the caller re-raises it once the run is written
+        partial, reason, error = True, "interrupted", e
+    except Exception as e:  # keep what was measured; the caller re-raises
+        partial, reason, error = True, f"error: {e!r}", e
+    finally:
+        for rep in replicas:
+            if rep.process.is_alive():
+                rep.process.terminate()
+            rep.process.join(timeout=5)
+    ordered = [final.get(r.request_id, r) for r in requests]
+    stats = [rep.exit_stats or {} for rep in replicas]
+    return RunResult(
+        requests=ordered,
+        steps=log,
+        duration_s=clock(),
+        wall_s=time.perf_counter() - start,
+        partial=partial or any(r.finish_time is None for r in ordered),
+        stop_reason=reason if not messages else f"{reason}; " + "; ".join(messages),
+        error=error,
+        extra={"replica_stats": stats, "replica_events": messages},
+    )
+
+
+class Outboxes:
+    """Every worker's pipe, read as one queue of messages (``get``); a pipe whose
+    worker died reads as closed and is dropped."""
+
+    def __init__(self, replicas: list[ReplicaState]) -> None:
+        self.open = {rep.outbox: rep for rep in replicas}
+        self.ready: deque = deque()
+
+    def get(self, timeout: float | None = None):
+        while not self.ready:
+            conns = wait(list(self.open), timeout)
+            if not conns:
+                raise queue.Empty
+            for conn in conns:
+                try:
+                    self.ready.append(conn.recv())
+                except (EOFError, OSError):
+                    del self.open[conn]
+            if not self.open and not self.ready:
+                raise queue.Empty
+        return self.ready.popleft()
+
+    def get_nowait(self):
+        return self.get(timeout=0)
+
+
+def _wait_ready(replicas: list[ReplicaState], outbox) -> None:
+    ready: set[int] = set()
+    deadline = time.perf_counter() + START_TIMEOUT_S
+    while len(ready) < len(replicas):
+        try:
+            msg = outbox.get(timeout=1.0)
+        except queue.Empty:
+            dead = [r.name for r in replicas if not r.process.is_alive()]
+            if dead:
+                raise RuntimeError(f"{', '.join(dead)} died while building its engine") from None
+            if time.perf_counter() > deadline:
+                raise RuntimeError("engine processes did not start in time") from None
+            continue
+        if msg[0] == "ready":
+            ready.add(msg[1])
+        elif msg[0] == "error":
+            raise RuntimeError(f"engine-{msg[1]} failed to start:\n{msg[2]}")
+
+
+def _dispatch(req: Request, live: list[ReplicaState], router, now: float) -> None:
+    i = 0 if len(live) == 1 else router.choose(req, _Views(live), now)
+    live[i].send(req)
+
+
+class _Views(list):
+    """The live replicas as the router indexes them (0..n-1)."""
+
+    def __init__(self, live: list[ReplicaState]) -> None:
+        super().__init__(_View(rep, k) for k, rep in enumerate(live))
+
+
+class _View:
+    __slots__ = ("index", "rep")
+
+    def __init__(self, rep: ReplicaState, index: int) -> None:
+        self.rep, self.index = rep, index
+
+    @property
+    def num_outstanding(self) -> int:
+        return self.rep.num_outstanding
+
+    @property
+    def num_outstanding_tokens(self) -> int:
+        return self.rep.num_outstanding_tokens
+
+
+def _drain(outbox, replicas, final, log, timeout, on_progress, clock) -> None:
+    """Take every message there is (waiting up to ``timeout`` for the first)."""
+    block = timeout > 0
+    while True:
+        try:
+            msg = outbox.get(timeout=timeout) if block else outbox.get_nowait()
+        except queue.Empty:
+            return
+        block = False
+        _handle(msg, replicas, final, log, on_progress, clock)
+
+
+def _handle(msg, replicas, final, log, on_progress, clock) -> None:
+    kind, index = msg[0], msg[1]
+    rep = replicas[index]
+    if kind == "step":
+        log.add(index, *msg[2])
+    elif kind == "done":
+        req = msg[2]
+        if rep.take(req.request_id) is not None:
+            final[req.request_id] = req
+            if on_progress is not None:
+                on_progress(clock(), len(final))
+    elif kind == "exit":
+        rep.exit_stats = msg[2]
+    elif kind == "error":
+        rep.alive = False
+        raise RuntimeError(f"{rep.name} failed:\n{msg[2]}")
+
+
+def _lost(rep: ReplicaState, others: list[ReplicaState], router, now: float) -> int:
+    """A worker died: its outstanding requests start again elsewhere, from scratch
+    (the parent's copies were never changed), or fail with the reason; how many."""
+    rep.alive = False
+    lost = list(rep.outstanding.values())
+    rep.outstanding.clear()
+    for req in lost:
+        if others:
+            _dispatch(req, others, router, now)
+        else:
+            req.status = RequestStatus.FINISHED_ABORTED
+            req.finish_reason = req.reject_reason = f"{rep.name} died"
+            req.finish_time = now
+    return len(lost)
+
+
+def _collect_exits(replicas, outbox, final, log) -> None:
+    """After the stop: the last rows and every live worker's counters."""
+    deadline = time.perf_counter() + 30
+    waiting = {r.index for r in replicas if r.alive and r.process.is_alive()}
+    while waiting and time.perf_counter() < deadline:
+        try:
+            msg = outbox.get(timeout=0.5)
+        except queue.Empty:
+            waiting = {i for i in waiting if replicas[i].process.is_alive()}
+            continue
+        if msg[0] == "exit":
+            waiting.discard(msg[1])
+        _handle(msg, replicas, final, log, None, None)
