@@ -36,6 +36,24 @@ class ReplicaView(Protocol):
         ...
 
 
+class PoolView:
+    """A replica as a router sees it within a pool of some of a cluster's replicas
+    (``index``: its place in the pool): its counts, read through."""
+
+    __slots__ = ("index", "replica")
+
+    def __init__(self, replica, index: int) -> None:
+        self.replica, self.index = replica, index
+
+    @property
+    def num_outstanding(self) -> int:
+        return self.replica.num_outstanding
+
+    @property
+    def num_outstanding_tokens(self) -> int:
+        return self.replica.num_outstanding_tokens
+
+
 class Router:
     """Base class: pick a replica index for ``request``."""
 

@@ -225,22 +225,25 @@ def latency_model(cfg: DictConfig, spec: ModelSpec | None = None) -> LatencyMode
     )
 
 
+def _cluster_policy(cfg: DictConfig, key: str, make):
+    """``cluster.<key>`` made with its options (``cluster.<key>_args``); bad ones
+    refused naming them."""
+    name = cfg.cluster[key]
+    args = OmegaConf.to_container(cfg.cluster[f"{key}_args"], resolve=True)
+    try:
+        return make(name, **args)
+    except (TypeError, ValueError) as e:
+        raise InputError(f"cluster.{key}={name} {args}: {e}") from e
+
+
 def router(cfg: DictConfig) -> Router:
     """The cluster's router with its options (``cluster.router_args``)."""
-    args = OmegaConf.to_container(cfg.cluster.router_args, resolve=True)
-    try:
-        return make_router(cfg.cluster.router, **args)
-    except (TypeError, ValueError) as e:
-        raise InputError(f"cluster.router={cfg.cluster.router} {args}: {e}") from e
+    return _cluster_policy(cfg, "router", make_router)
 
 
 def decider(cfg: DictConfig) -> Decider:
     """The disaggregated cluster's decider with its options (``cluster.decider_args``)."""
-    args = OmegaConf.to_container(cfg.cluster.decider_args, resolve=True)
-    try:
-        return make_decider(cfg.cluster.decider, **args)
-    except (TypeError, ValueError) as e:
-        raise InputError(f"cluster.decider={cfg.cluster.decider} {args}: {e}") from e
+    return _cluster_policy(cfg, "decider", make_decider)
 
 
 def link_spec(cfg: DictConfig) -> LinkSpec:

@@ -25,6 +25,7 @@ from multiprocessing.connection import wait
 
 import torch.multiprocessing as mp
 
+from policies.routers import PoolView
 from testbed.core import Request, RequestStatus, WallClock
 from testbed.engine.args import EngineArgs
 from testbed.engine.worker import worker_main
@@ -207,30 +208,12 @@ def _wait_ready(replicas: list[ReplicaState], outbox) -> None:
 
 
 def _dispatch(req: Request, live: list[ReplicaState], router, now: float) -> None:
-    i = 0 if len(live) == 1 else router.choose(req, _Views(live), now)
+    i = (
+        0
+        if len(live) == 1
+        else router.choose(req, [PoolView(r, k) for k, r in enumerate(live)], now)
+    )
     live[i].send(req)
-
-
-class _Views(list):
-    """The live replicas as the router indexes them (0..n-1)."""
-
-    def __init__(self, live: list[ReplicaState]) -> None:
-        super().__init__(_View(rep, k) for k, rep in enumerate(live))
-
-
-class _View:
-    __slots__ = ("index", "rep")
-
-    def __init__(self, rep: ReplicaState, index: int) -> None:
-        self.rep, self.index = rep, index
-
-    @property
-    def num_outstanding(self) -> int:
-        return self.rep.num_outstanding
-
-    @property
-    def num_outstanding_tokens(self) -> int:
-        return self.rep.num_outstanding_tokens
 
 
 def _drain(outbox, replicas, final, log, timeout, on_progress, clock) -> None:

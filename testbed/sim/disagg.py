@@ -28,6 +28,7 @@ from collections.abc import Callable
 import numpy as np
 
 from policies.deciders import Always, Decider
+from policies.routers import PoolView
 from testbed.core import EngineCore, Request, SamplingParams
 from testbed.core.request import SERVED
 from testbed.sim.kv_transfer import KVTransfers
@@ -35,23 +36,6 @@ from testbed.sim.link import LinkSpec
 from testbed.sim.simulator import Replica, Simulation
 
 LEG_SUFFIX = "@prefill"
-
-
-class PoolView:
-    """A replica as a router sees it within its pool (``index``: its place there)."""
-
-    __slots__ = ("index", "replica")
-
-    def __init__(self, replica: Replica, index: int) -> None:
-        self.replica, self.index = replica, index
-
-    @property
-    def num_outstanding(self) -> int:
-        return self.replica.num_outstanding
-
-    @property
-    def num_outstanding_tokens(self) -> int:
-        return self.replica.num_outstanding_tokens
 
 
 def prefill_leg(request: Request) -> Request:

@@ -89,3 +89,26 @@ def test_a_worker_that_dies_has_its_requests_served_by_the_other():
         [r for r in result.requests if r.finish_time is None],
     )
     assert [list(r.output_token_ids) for r in result.requests] == alone(12, max_tokens=200)
+
+
+def test_a_multi_process_run_stopped_by_sigterm_writes_what_it_measured(tmp_path):
+    """SIGTERM to run.py stops every engine process and the run still writes its
+    files, marked partial."""
+    import json
+
+    import pandas as pd
+
+    from tests.sim.helpers import run_and_signal
+
+    args = [
+        "mode=real", "cluster.num_replicas=2", "trace.num_requests=400", "trace.rate=4",
+        "logging=disabled", "plots=false",
+    ]  # fmt: skip
+    status, out, err = run_and_signal(args, signal.SIGTERM, tmp_path)
+    assert status == 143, err[-2000:]
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["partial"] is True and metrics["stop_reason"] == "interrupted"
+    assert 0 < metrics["num_finished"] < 400
+    assert len(pd.read_csv(tmp_path / "requests.csv")) == 400
+    steps = pd.read_csv(tmp_path / "steps.csv")
+    assert set(steps.replica) == {0, 1}
