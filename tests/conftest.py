@@ -47,6 +47,7 @@ INTEGRATION = (
     "tests/experiments/",
     "tests/engine/test_profiler.py",
     "tests/engine/test_real_runs.py",
+    "tests/engine/test_cluster.py",
     "tests/engine/test_reference_probe.py",
     "tests/kernels/test_triton_interpreter.py",
     "tests/kernels/test_compile.py",
