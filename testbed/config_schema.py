@@ -308,11 +308,7 @@ def validate(cfg: DictConfig) -> None:
     for group in ("trace", "policy"):
         if missing := sorted(OmegaConf.missing_keys(cfg[group])):
             raise InputError(f"{group}={cfg[group].name} needs {missing[0]}=<value>")
-    if cfg.mode.name == "real" and cluster.num_prefill > 0:
-        raise InputError(
-            f"cluster.num_prefill={cluster.num_prefill}: disaggregated prefill/decode is "
-            "simulated only so far (mode=sim)"
-        )
+
 
 
 # --- registration and composition ---

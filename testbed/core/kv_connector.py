@@ -18,7 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from testbed.core.request import Request
+from testbed.core.request import Request, SamplingParams
+
+LEG_SUFFIX = "@prefill"  # a prefill leg's id: its request's, with this after
 
 
 class KVConnector:
@@ -132,3 +134,20 @@ class PDConnector(KVConnector):
             "remote_block_ids": list(block_ids),
             "num_tokens": request.num_computed_tokens,
         }
+
+
+def prefill_leg(request: Request) -> Request:
+    """The request as its prefill instance gets it: the same prompt, one token."""
+    return Request(
+        request_id=request.request_id + LEG_SUFFIX,
+        prompt_token_ids=request.prompt_token_ids,
+        num_prompt_tokens=request.num_prompt_tokens,
+        sampling_params=SamplingParams(max_tokens=1, ignore_eos=True),
+        tenant=request.tenant,
+        priority=request.priority,
+        ttft_slo_s=request.ttft_slo_s,
+        arrival_time=request.arrival_time,
+        prefix_hash_ids=request.prefix_hash_ids,
+        hash_block_tokens=request.hash_block_tokens,
+        kv_transfer_params={"do_remote_decode": True},
+    )

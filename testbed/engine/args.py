@@ -26,6 +26,10 @@ class EngineArgs:
     # vLLM's speculative_config: {"method": "ngram", "num_speculative_tokens": 4, ...}
     # (testbed.engine.spec_config.SpeculativeConfig); None: no speculation.
     speculative_config: Any = None
+    # vLLM's kv_transfer_config for disaggregated prefill/decode: {"kv_role":
+    # "kv_producer" | "kv_consumer" | "kv_both", "kv_rank": this instance's index};
+    # None: no KV connector.
+    kv_transfer_config: Any = None
     max_model_len: int | None = None
     num_kv_blocks: int | None = None
     kv_cache_bytes: int | None = None  # on CPU, 512 MiB unless set

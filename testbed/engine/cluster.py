@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import queue
+import socket
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -27,6 +28,8 @@ import torch.multiprocessing as mp
 
 from policies.routers import PoolView
 from testbed.core import Request, RequestStatus, WallClock
+from testbed.core.kv_connector import prefill_leg
+from testbed.core.request import SERVED
 from testbed.engine.args import EngineArgs
 from testbed.engine.worker import worker_main
 from testbed.metrics import RunResult, StepLog
@@ -43,6 +46,7 @@ class ReplicaState:
         self.num_outstanding_tokens = 0
         self.alive = True
         self.exit_stats: dict | None = None
+        self.kv_usage = 0.0  # at its last step
 
     @property
     def name(self) -> str:
@@ -81,18 +85,31 @@ def replay_cluster(
     on_progress: Callable[[float, int], None] | None = None,
     max_wall_s: float | None = None,
     model=None,
+    num_prefill: int = 0,
+    decider=None,
 ) -> RunResult:
     """Replay ``requests`` on ``num_replicas`` engine processes; the run's records
-    (``requests`` as they came back, in their order) and merged step log."""
+    (``requests`` as they came back, in their order) and merged step log. With
+    ``num_prefill``, the first that many are prefill instances and the rest decode
+    instances (disaggregated: :class:`PDRouting`)."""
     ctx = mp.get_context("spawn")
     wargs = worker_args(args, num_replicas)
+    pd_routing = PDRouting(num_prefill, decider) if num_prefill else None
+    dist_init = None
+    if pd_routing is not None:
+        backend = "gloo" if (args.device or "cpu") == "cpu" else "nccl"
+        dist_init = (f"tcp://127.0.0.1:{free_port()}", num_replicas, backend)
     replicas: list[ReplicaState] = []
     for i in range(num_replicas):
         inbox = ctx.Queue()
         reader, writer = ctx.Pipe(duplex=False)
+        own = wargs
+        if pd_routing is not None:
+            role = "kv_producer" if i < num_prefill else "kv_consumer"
+            own = replace(wargs, kv_transfer_config={"kv_role": role, "kv_rank": i})
         proc = ctx.Process(
             target=worker_main,
-            args=(i, wargs, inbox, writer, model),
+            args=(i, own, inbox, writer, model, dist_init),
             name=f"engine-{i}",
             daemon=True,
         )
@@ -122,13 +139,16 @@ def replay_cluster(
                 reason = "every engine process died"
                 break
             while pending and pending[0].arrival_time <= now:
-                _dispatch(pending.popleft(), live, router, now)
+                _dispatch(pending.popleft(), live, router, now, pd_routing)
             wait = pending[0].arrival_time - clock() if pending else 0.05
-            _drain(outbox, replicas, final, log, max(0.0, min(wait, 0.05)), on_progress, clock)
+            _drain(
+                outbox, replicas, final, log, max(0.0, min(wait, 0.05)), on_progress, clock,
+                pd_routing,
+            )  # fmt: skip
             for rep in replicas:
                 if rep.alive and not rep.process.is_alive():
                     others = [r for r in replicas if r.alive and r is not rep]
-                    n = _lost(rep, others, router, clock())
+                    n = _lost(rep, others, router, clock(), pd_routing)
                     what = "sent again to the others" if others else "failed"
                     messages.append(
                         f"{rep.name} died (exit code {rep.process.exitcode}): "
@@ -207,16 +227,83 @@ def _wait_ready(replicas: list[ReplicaState], outbox) -> None:
             raise RuntimeError(f"engine-{msg[1]} failed to start:\n{msg[2]}")
 
 
-def _dispatch(req: Request, live: list[ReplicaState], router, now: float) -> None:
-    i = (
-        0
-        if len(live) == 1
-        else router.choose(req, [PoolView(r, k) for k, r in enumerate(live)], now)
-    )
-    live[i].send(req)
+def free_port() -> int:
+    """A TCP port free on this machine now (for the KV group's rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
-def _drain(outbox, replicas, final, log, timeout, on_progress, clock) -> None:
+def _choose(req: Request, pool: list[ReplicaState], router, now: float) -> ReplicaState:
+    if len(pool) == 1:
+        return pool[0]
+    return pool[router.choose(req, [PoolView(r, i) for i, r in enumerate(pool)], now)]
+
+
+def _dispatch(req: Request, live: list[ReplicaState], router, now: float, pd=None) -> None:
+    if pd is None:
+        _choose(req, live, router, now).send(req)
+    else:
+        pd.dispatch(req, live, router, now)
+
+
+class PDRouting:
+    """Disaggregated prefill/decode in the parent: an arrival the decider
+    disaggregates goes as a one-token prefill leg to the prefill instance the router
+    picks; when the leg comes back (its KV held there) the request goes to the
+    decode instance with the least KV usage, which pulls the KV (the parent passes
+    its ``pull`` on to the prefill instance as a ``send``). Others go whole to a
+    decode instance. The decider sees the prompt's length (the parent does not
+    know what a decode instance has cached)."""
+
+    def __init__(self, num_prefill: int, decider) -> None:
+        self.num_prefill, self.decider = num_prefill, decider
+        self.legs: dict[str, Request] = {}  # leg id -> its request
+
+    def _decode(self, live: list[ReplicaState]) -> ReplicaState | None:
+        pool = [r for r in live if r.index >= self.num_prefill]
+        return min(pool, key=lambda r: (r.kv_usage, r.num_outstanding, r.index)) if pool else None
+
+    def dispatch(self, req: Request, live: list[ReplicaState], router, now: float) -> None:
+        prefill = [r for r in live if r.index < self.num_prefill]
+        decode = self._decode(live)
+        split = self.decider is None or self.decider.disaggregate(req, req.num_prompt_tokens)
+        if decode is None or not prefill or not split:
+            (decode or live[0]).send(req)
+            return
+        leg = prefill_leg(req)
+        self.legs[leg.request_id] = req
+        _choose(leg, prefill, router, now).send(leg)
+
+    def finished(self, req: Request, replicas: list[ReplicaState]) -> Request | None:
+        """A request back from a worker: the user's request it finishes, or None
+        (a leg whose request has gone on to a decode instance)."""
+        original = self.legs.pop(req.request_id, None)
+        if original is None:
+            return req
+        decode = self._decode([r for r in replicas if r.alive])
+        if req.status in SERVED and req.kv_transfer_params and decode is not None:
+            original.kv_transfer_params = req.kv_transfer_params
+            original.first_scheduled_time = req.first_scheduled_time
+            original.num_cached_tokens = req.num_cached_tokens
+            decode.send(original)
+            return None
+        original.status, original.finish_time = req.status, req.finish_time
+        original.finish_reason, original.reject_reason = req.finish_reason, req.reject_reason
+        return original
+
+    def lost(self, req: Request) -> Request:
+        """What to send again for a request lost with its worker: a leg's request
+        from the start; a decode request's prompt recomputed (its KV's holder may
+        be gone)."""
+        original = self.legs.pop(req.request_id, None)
+        if original is not None:
+            return original
+        req.kv_transfer_params = None
+        return req
+
+
+def _drain(outbox, replicas, final, log, timeout, on_progress, clock, pd=None) -> None:
     """Take every message there is (waiting up to ``timeout`` for the first)."""
     block = timeout > 0
     while True:
@@ -225,20 +312,27 @@ def _drain(outbox, replicas, final, log, timeout, on_progress, clock) -> None:
         except queue.Empty:
             return
         block = False
-        _handle(msg, replicas, final, log, on_progress, clock)
+        _handle(msg, replicas, final, log, on_progress, clock, pd)
 
 
-def _handle(msg, replicas, final, log, on_progress, clock) -> None:
+def _handle(msg, replicas, final, log, on_progress, clock, pd=None) -> None:
     kind, index = msg[0], msg[1]
     rep = replicas[index]
     if kind == "step":
         log.add(index, *msg[2])
+        rep.kv_usage = msg[2][5]
+    elif kind == "pull":  # a decode worker waits for a prefill worker's KV
+        _, dst, src, leg_id, tag, n = msg
+        replicas[src].inbox.put(("send", leg_id, dst, tag, n))
     elif kind == "done":
         req = msg[2]
         if rep.take(req.request_id) is not None:
-            final[req.request_id] = req
-            if on_progress is not None:
-                on_progress(clock(), len(final))
+            if pd is not None:
+                req = pd.finished(req, replicas)
+            if req is not None:
+                final[req.request_id] = req
+                if on_progress is not None:
+                    on_progress(clock(), len(final))
     elif kind == "exit":
         rep.exit_stats = msg[2]
     elif kind == "error":
@@ -246,15 +340,17 @@ def _handle(msg, replicas, final, log, on_progress, clock) -> None:
         raise RuntimeError(f"{rep.name} failed:\n{msg[2]}")
 
 
-def _lost(rep: ReplicaState, others: list[ReplicaState], router, now: float) -> int:
+def _lost(rep: ReplicaState, others: list[ReplicaState], router, now: float, pd=None) -> int:
     """A worker died: its outstanding requests start again elsewhere, from scratch
     (the parent's copies were never changed), or fail with the reason; how many."""
     rep.alive = False
     lost = list(rep.outstanding.values())
     rep.outstanding.clear()
     for req in lost:
+        if pd is not None:
+            req = pd.lost(req)
         if others:
-            _dispatch(req, others, router, now)
+            _dispatch(req, others, router, now, pd)
         else:
             req.status = RequestStatus.FINISHED_ABORTED
             req.finish_reason = req.reject_reason = f"{rep.name} died"

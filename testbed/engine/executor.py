@@ -72,6 +72,25 @@ class ModelExecutor:
             x = torch.ones(16, 16, dtype=self.kv_caches[0][0].dtype, device=self.device)
             (x @ x).sum().item()  # cuBLAS's handle and workspace; waits for the kernels
 
+    def gather_kv(self, block_ids: list[int]) -> torch.Tensor:
+        """The KV of ``block_ids``, every layer's keys and values, in one tensor
+        ``[layers, 2, blocks, block_size, kv_heads, head_dim]`` (what a KV
+        transfer sends)."""
+        idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        return torch.stack([torch.stack([k[idx], v[idx]]) for k, v in self.kv_caches])
+
+    def scatter_kv(self, block_ids: list[int], kv: torch.Tensor) -> None:
+        """Write a :meth:`gather_kv` tensor into ``block_ids`` (a KV transfer's end)."""
+        idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        for (k, v), layer in zip(self.kv_caches, kv, strict=True):
+            k[idx] = layer[0].to(k.device)
+            v[idx] = layer[1].to(v.device)
+
+    def kv_shape(self, num_blocks: int) -> tuple[int, ...]:
+        """The shape of :meth:`gather_kv` of ``num_blocks`` blocks."""
+        k, _ = self.kv_caches[0]
+        return (len(self.kv_caches), 2, num_blocks, *k.shape[1:])
+
     @property
     def kv_cache_bytes(self) -> int:
         k, _ = self.kv_caches[0]

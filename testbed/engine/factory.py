@@ -12,6 +12,7 @@ import torch
 
 from policies import make_policy
 from testbed.core import EngineCore, KVCacheManager, Request, Scheduler, SchedulerConfig, WallClock
+from testbed.core.kv_connector import PDConnector
 from testbed.engine.args import CPU_KV_CACHE_BYTES, EngineArgs
 from testbed.engine.device import pick_device, pick_dtype, pin_cpus
 from testbed.engine.draft_model import DraftModelProposer, FirstLayers
@@ -83,6 +84,19 @@ def make_proposer(
     return DraftModelProposer(
         FirstLayers(base, layers), layers, k, num_blocks, block_size, backend, device, seed
     )
+
+
+KV_ROLES = {"kv_producer": "producer", "kv_consumer": "consumer", "kv_both": "both"}
+
+
+def kv_connector(config: Mapping[str, Any] | None) -> PDConnector | None:
+    """The scheduler's KV connector of a ``kv_transfer_config`` (None: none)."""
+    if not config:
+        return None
+    role = config.get("kv_role")
+    if role not in KV_ROLES:
+        raise ValueError(f"kv_transfer_config.kv_role: {role!r} is not one of {sorted(KV_ROLES)}")
+    return PDConnector(KV_ROLES[role], int(config.get("kv_rank", 0)))
 
 
 def token_validator(vocab_size: int) -> Callable[[Request], str | None]:
@@ -158,7 +172,9 @@ def build_engine(
         num_lookahead_tokens=speculative.num_lookahead_tokens if speculative else 0,
     )
     kv = KVCacheManager(blocks, args.block_size, args.enable_prefix_caching)
-    scheduler = Scheduler(sched_cfg, kv, make_policy(args.policy))
+    scheduler = Scheduler(
+        sched_cfg, kv, make_policy(args.policy), kv_connector(args.kv_transfer_config)
+    )
     executor = ModelExecutor(
         model,
         blocks,

@@ -20,7 +20,14 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig
 
-from testbed.build import draft_latency_model, engine_args, latency_model, router, run_model
+from testbed.build import (
+    decider,
+    draft_latency_model,
+    engine_args,
+    latency_model,
+    router,
+    run_model,
+)
 from testbed.core import Request
 from testbed.engine.cluster import replay_cluster
 from testbed.engine.device import machine_name
@@ -45,7 +52,7 @@ def run_real(
     engine's fields of ``metrics.json``."""
     args = engine_args(cfg)
     model = engine_model(run_model(cfg))
-    if cfg.cluster.num_replicas > 1:
+    if cfg.cluster.num_replicas > 1 or cfg.cluster.num_prefill > 0:
         return run_cluster(cfg, args, model, requests, spec, on_progress)
     engine, executor, _ = build_engine(args, model=model)
     probe = IdleProbe(args, executor) if cfg.mode.idle_probe else None
@@ -100,14 +107,17 @@ def run_cluster(cfg, args, model, requests, spec, on_progress):
             f"cluster.num_replicas={cfg.cluster.num_replicas}: the idle and reference "
             "probes and speculative decoding run with one engine only so far"
         )
+    c = cfg.cluster
     result = replay_cluster(
         args,
         requests,
-        cfg.cluster.num_replicas,
+        c.num_prefill + c.num_decode if c.num_prefill else c.num_replicas,
         router(cfg),
         on_progress,
         cfg.mode.max_wall_s,
         model=model,
+        num_prefill=c.num_prefill,
+        decider=decider(cfg) if c.num_prefill else None,
     )
     stats = result.extra.pop("replica_stats")
     hits = sum(s.get("prefix_hits", 0) for s in stats)

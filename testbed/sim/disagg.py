@@ -29,30 +29,12 @@ import numpy as np
 
 from policies.deciders import Always, Decider
 from policies.routers import PoolView
-from testbed.core import EngineCore, Request, SamplingParams
+from testbed.core import EngineCore, Request
+from testbed.core.kv_connector import prefill_leg
 from testbed.core.request import SERVED
 from testbed.sim.kv_transfer import KVTransfers
 from testbed.sim.link import LinkSpec
 from testbed.sim.simulator import Replica, Simulation
-
-LEG_SUFFIX = "@prefill"
-
-
-def prefill_leg(request: Request) -> Request:
-    """The request as its prefill instance gets it: the same prompt, one token."""
-    return Request(
-        request_id=request.request_id + LEG_SUFFIX,
-        prompt_token_ids=request.prompt_token_ids,
-        num_prompt_tokens=request.num_prompt_tokens,
-        sampling_params=SamplingParams(max_tokens=1, ignore_eos=True),
-        tenant=request.tenant,
-        priority=request.priority,
-        ttft_slo_s=request.ttft_slo_s,
-        arrival_time=request.arrival_time,
-        prefix_hash_ids=request.prefix_hash_ids,
-        hash_block_tokens=request.hash_block_tokens,
-        kv_transfer_params={"do_remote_decode": True},
-    )
 
 
 class DisaggSimulation(Simulation):

@@ -112,3 +112,21 @@ def test_a_multi_process_run_stopped_by_sigterm_writes_what_it_measured(tmp_path
     assert len(pd.read_csv(tmp_path / "requests.csv")) == 400
     steps = pd.read_csv(tmp_path / "steps.csv")
     assert set(steps.replica) == {0, 1}
+
+
+def test_greedy_outputs_of_one_prefill_and_one_decode_process_are_one_engines():
+    """1P1D: every prompt computed on the prefill process, its KV sent over
+    torch.distributed (gloo) to the decode process, which computes only the last
+    prompt token and decodes: token for token what one engine gives."""
+    args = EngineArgs(model=stories(), max_num_seqs=8)
+    result = replay_cluster(args, requests(12), 2, make_router("round_robin"), num_prefill=1)
+    assert not result.partial and result.stop_reason == "finished"
+    assert [list(r.output_token_ids) for r in result.requests] == alone(12)
+    steps = result.steps.to_frame()
+    prefill, decode = steps[steps.replica == 0], steps[steps.replica == 1]
+    assert prefill.num_decode_tokens.sum() == 0
+    # The decode process computed one prompt token per request, the rest arrived.
+    assert decode.num_prefill_tokens.sum() == 0 and decode.num_decode_tokens.sum() > 0
+    for r in result.requests:
+        assert r.kv_transfer_end > r.kv_transfer_start >= r.arrival_time
+        assert r.kv_transfer_bytes > 0 and r.first_token_time > r.kv_transfer_end
