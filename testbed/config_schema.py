@@ -310,7 +310,6 @@ def validate(cfg: DictConfig) -> None:
             raise InputError(f"{group}={cfg[group].name} needs {missing[0]}=<value>")
 
 
-
 # --- registration and composition ---
 
 
