@@ -89,7 +89,10 @@ def test_a_composed_config_pickles_with_its_policy_options():
         (["mode.latency_scale=0"], r"mode\.latency_scale=0\.0: must be > 0"),
         (["+engine.max_num_seq=4"], r"engine\.max_num_seq: no such option of the engine group"),
         (["+policy.foo=1"], r"policy\.foo: no such option of policy=fcfs"),
-        (["mode=real", "cluster=disagg"], r"cluster\.num_prefill=1: disaggregated prefill/decode"),
+        (
+            ["mode=real", "cluster=disagg", "cluster.num_decode=0"],
+            r"cluster\.num_prefill=1, cluster\.num_decode=0: disaggregation needs both",
+        ),
         (["trace=csv"], r"trace=csv needs trace\.path=<value>"),
         (["policy=custom"], r"policy=custom needs policy\._target_=<value>"),
     ],
