@@ -102,7 +102,7 @@ class ClusterConfig:
     # The router picks the prefill replica; the decode one has the least KV usage.
     num_prefill: int = 0
     num_decode: int = 0
-    link: str = "nvlink"  # the KV link between them: nvlink | pcie | infiniband
+    link: str = "nvlink"  # the KV link between them: nvlink | pcie | infiniband | cpu
     link_latency_s: float | None = None  # None: the preset's
     link_bandwidth_bytes_s: float | None = None  # None: the preset's
     # Which requests are disaggregated: always | never | uncached_prompt

@@ -51,7 +51,7 @@ def test_transfers_on_one_link_share_its_bandwidth():
 
 
 def test_presets_and_bad_specs():
-    assert set(LINK_PRESETS) >= {"nvlink", "pcie", "infiniband"}
+    assert set(LINK_PRESETS) >= {"nvlink", "pcie", "infiniband", "cpu"}
     nv, pcie = LinkSpec.preset("nvlink"), LinkSpec.preset("pcie")
     assert nv.alone_s(1e9) < pcie.alone_s(1e9)
     with pytest.raises(ValueError, match="unknown link 'wifi'"):
