@@ -35,6 +35,11 @@ class ReplicaView(Protocol):
         prefill work and KV they bring)."""
         ...
 
+    @property
+    def kv_usage(self) -> float:
+        """The fraction of its KV blocks in use (as of its last step)."""
+        ...
+
 
 class PoolView:
     """A replica as a router sees it within a pool of some of a cluster's replicas
@@ -53,6 +58,10 @@ class PoolView:
     def num_outstanding_tokens(self) -> int:
         return self.replica.num_outstanding_tokens
 
+    @property
+    def kv_usage(self) -> float:
+        return self.replica.kv_usage
+
 
 class Router:
     """Base class: pick a replica index for ``request``."""
@@ -61,6 +70,10 @@ class Router:
 
     def choose(self, request: Request, replicas: Sequence[ReplicaView], now: float) -> int:
         raise NotImplementedError
+
+    def route(self, request: Request, replicas: Sequence[ReplicaView], now: float) -> int:
+        """:meth:`choose`, where there is a choice (one replica: it)."""
+        return 0 if len(replicas) == 1 else self.choose(request, replicas, now)
 
 
 class RoundRobin(Router):
@@ -104,6 +117,17 @@ class LeastOutstandingTokens(Router):
         return min(
             replicas, key=lambda r: (r.num_outstanding_tokens, r.num_outstanding, r.index)
         ).index
+
+
+class LeastKVUsage(Router):
+    """The replica with the least KV usage (ties: fewest outstanding requests, then
+    lowest index): the default pairing of a prefill leg's request with a decode
+    instance in a disaggregated cluster, which must hold its prompt's KV."""
+
+    name = "least_kv_usage"
+
+    def choose(self, request: Request, replicas: Sequence[ReplicaView], now: float) -> int:
+        return min(replicas, key=lambda r: (r.kv_usage, r.num_outstanding, r.index)).index
 
 
 class PowerOfTwo(Router):
@@ -181,6 +205,7 @@ ROUTERS = {
         RandomRouter,
         LeastOutstanding,
         LeastOutstandingTokens,
+        LeastKVUsage,
         PowerOfTwo,
         PrefixAffinity,
     )

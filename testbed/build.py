@@ -246,6 +246,11 @@ def decider(cfg: DictConfig) -> Decider:
     return _cluster_policy(cfg, "decider", make_decider)
 
 
+def pairing(cfg: DictConfig) -> Router:
+    """The router that pairs a disaggregated request with a decode replica."""
+    return _cluster_policy(cfg, "pairing", make_router)
+
+
 def link_spec(cfg: DictConfig) -> LinkSpec:
     """The KV link of a disaggregated cluster: its preset, with any field overridden."""
     c = cfg.cluster

@@ -109,6 +109,9 @@ class ClusterConfig:
     # (decider_args.threshold: uncached prompt tokens above which); policies/deciders.py.
     decider: str = "always"
     decider_args: dict[str, Any] = field(default_factory=dict)
+    # The decode replica for a disaggregated request: any router (policies/routers.py).
+    pairing: str = "least_kv_usage"
+    pairing_args: dict[str, Any] = field(default_factory=dict)
 
 
 # --- modes ---
@@ -245,6 +248,7 @@ RANGES: dict[tuple[str, str], tuple[Any, str]] = {
     ),
     ("cluster", "num_replicas"): (_at_least(1), "an integer >= 1"),
     ("cluster", "router"): (lambda x: x in ROUTERS, f"one of {', '.join(sorted(ROUTERS))}"),
+    ("cluster", "pairing"): (lambda x: x in ROUTERS, f"one of {', '.join(sorted(ROUTERS))}"),
     ("cluster", "num_prefill"): (_at_least(0), "an integer >= 0"),
     ("cluster", "num_decode"): (_at_least(0), "an integer >= 0"),
     ("cluster", "link"): (lambda x: x in LINK_PRESETS, f"one of {', '.join(sorted(LINK_PRESETS))}"),

@@ -85,7 +85,7 @@ def test_a_composed_config_pickles_with_its_policy_options():
             ["engine.gpu_memory_utilization=1.5"],
             r"gpu_memory_utilization=1\.5: must be in \(0, 1\]",
         ),
-        (["cluster.router=nope"], r"cluster\.router=nope: must be one of least_outstanding"),
+        (["cluster.router=nope"], r"cluster\.router=nope: must be one of least_kv_usage"),
         (["mode.latency_scale=0"], r"mode\.latency_scale=0\.0: must be > 0"),
         (["+engine.max_num_seq=4"], r"engine\.max_num_seq: no such option of the engine group"),
         (["+policy.foo=1"], r"policy\.foo: no such option of policy=fcfs"),

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from testbed.core.request import Request, SamplingParams
+from testbed.core.request import SERVED, Request, SamplingParams
 
 LEG_SUFFIX = "@prefill"  # a prefill leg's id: its request's, with this after
 
@@ -82,7 +82,6 @@ class PDConnector(KVConnector):
         self.role, self.instance = role, instance
         self._to_load: list[KVLoad] = []
         self._received: set[str] = set()  # loaded (or failed): never asked again
-        self.num_sending = 0  # requests finished here whose KV is still being sent
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> int:
         params = request.kv_transfer_params
@@ -118,7 +117,6 @@ class PDConnector(KVConnector):
         return meta
 
     def update_connector_output(self, finished_sending: set[str], finished_recving: set[str]):
-        self.num_sending -= len(finished_sending)
         self._received |= finished_recving
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict | None]:
@@ -126,7 +124,6 @@ class PDConnector(KVConnector):
         params = request.kv_transfer_params
         if self.role == "consumer" or not params or not params.get("do_remote_decode"):
             return False, None
-        self.num_sending += 1
         return True, {
             "do_remote_prefill": True,
             "remote_instance": self.instance,
@@ -151,3 +148,18 @@ def prefill_leg(request: Request) -> Request:
         hash_block_tokens=request.hash_block_tokens,
         kv_transfer_params={"do_remote_decode": True},
     )
+
+
+def hand_over(leg: Request, request: Request) -> bool:
+    """A prefill leg is back from its instance: True if ``request`` goes on to a
+    decode instance (it takes the leg's transfer params, first scheduled time and
+    prefix hit); False if the leg was refused or aborted, and so is ``request``
+    (the leg's status, reasons and time copied)."""
+    if leg.status in SERVED and leg.kv_transfer_params:
+        request.kv_transfer_params = leg.kv_transfer_params
+        request.first_scheduled_time = leg.first_scheduled_time
+        request.num_cached_tokens = leg.num_cached_tokens
+        return True
+    request.status, request.finish_time = leg.status, leg.finish_time
+    request.finish_reason, request.reject_reason = leg.finish_reason, leg.reject_reason
+    return False

@@ -529,6 +529,7 @@ class Scheduler:
             req.kv_transfer_failed = True
             req.status = RequestStatus.WAITING
             self.waiting.add(req, now)
+            self.admission_blocked_on_kv = False
         for rid in finished_sending:
             self.kv.free(self.sending.pop(rid))
             self.admission_blocked_on_kv = False

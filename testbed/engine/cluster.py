@@ -26,10 +26,9 @@ from multiprocessing.connection import wait
 
 import torch.multiprocessing as mp
 
-from policies.routers import PoolView
+from policies.routers import LeastKVUsage, PoolView
 from testbed.core import Request, RequestStatus, WallClock
-from testbed.core.kv_connector import prefill_leg
-from testbed.core.request import SERVED
+from testbed.core.kv_connector import hand_over, prefill_leg
 from testbed.engine.args import EngineArgs
 from testbed.engine.worker import worker_main
 from testbed.metrics import RunResult, StepLog
@@ -87,6 +86,7 @@ def replay_cluster(
     model=None,
     num_prefill: int = 0,
     decider=None,
+    pairing=None,
 ) -> RunResult:
     """Replay ``requests`` on ``num_replicas`` engine processes; the run's records
     (``requests`` as they came back, in their order) and merged step log. With
@@ -94,7 +94,7 @@ def replay_cluster(
     instances (disaggregated: :class:`PDRouting`)."""
     ctx = mp.get_context("spawn")
     wargs = worker_args(args, num_replicas)
-    pd_routing = PDRouting(num_prefill, decider) if num_prefill else None
+    pd_routing = PDRouting(num_prefill, decider, pairing or LeastKVUsage()) if num_prefill else None
     dist_init = None
     if pd_routing is not None:
         backend = "gloo" if (args.device or "cpu") == "cpu" else "nccl"
@@ -235,9 +235,7 @@ def free_port() -> int:
 
 
 def _choose(req: Request, pool: list[ReplicaState], router, now: float) -> ReplicaState:
-    if len(pool) == 1:
-        return pool[0]
-    return pool[router.choose(req, [PoolView(r, i) for i, r in enumerate(pool)], now)]
+    return pool[router.route(req, [PoolView(r, i) for i, r in enumerate(pool)], now)]
 
 
 def _dispatch(req: Request, live: list[ReplicaState], router, now: float, pd=None) -> None:
@@ -251,22 +249,23 @@ class PDRouting:
     """Disaggregated prefill/decode in the parent: an arrival the decider
     disaggregates goes as a one-token prefill leg to the prefill instance the router
     picks; when the leg comes back (its KV held there) the request goes to the
-    decode instance with the least KV usage, which pulls the KV (the parent passes
+    decode instance the pairing router picks (least KV usage by default), which
+    pulls the KV (the parent passes
     its ``pull`` on to the prefill instance as a ``send``). Others go whole to a
     decode instance. The decider sees the prompt's length (the parent does not
     know what a decode instance has cached)."""
 
-    def __init__(self, num_prefill: int, decider) -> None:
-        self.num_prefill, self.decider = num_prefill, decider
+    def __init__(self, num_prefill: int, decider, pairing) -> None:
+        self.num_prefill, self.decider, self.pairing = num_prefill, decider, pairing
         self.legs: dict[str, Request] = {}  # leg id -> its request
 
-    def _decode(self, live: list[ReplicaState]) -> ReplicaState | None:
+    def _decode(self, req: Request, live: list[ReplicaState], now: float) -> ReplicaState | None:
         pool = [r for r in live if r.index >= self.num_prefill]
-        return min(pool, key=lambda r: (r.kv_usage, r.num_outstanding, r.index)) if pool else None
+        return _choose(req, pool, self.pairing, now) if pool else None
 
     def dispatch(self, req: Request, live: list[ReplicaState], router, now: float) -> None:
         prefill = [r for r in live if r.index < self.num_prefill]
-        decode = self._decode(live)
+        decode = self._decode(req, live, now)
         split = self.decider is None or self.decider.disaggregate(req, req.num_prompt_tokens)
         if decode is None or not prefill or not split:
             (decode or live[0]).send(req)
@@ -275,22 +274,20 @@ class PDRouting:
         self.legs[leg.request_id] = req
         _choose(leg, prefill, router, now).send(leg)
 
-    def finished(self, req: Request, replicas: list[ReplicaState]) -> Request | None:
+    def finished(self, req: Request, replicas: list[ReplicaState], now: float) -> Request | None:
         """A request back from a worker: the user's request it finishes, or None
         (a leg whose request has gone on to a decode instance)."""
         original = self.legs.pop(req.request_id, None)
         if original is None:
             return req
-        decode = self._decode([r for r in replicas if r.alive])
-        if req.status in SERVED and req.kv_transfer_params and decode is not None:
-            original.kv_transfer_params = req.kv_transfer_params
-            original.first_scheduled_time = req.first_scheduled_time
-            original.num_cached_tokens = req.num_cached_tokens
-            decode.send(original)
-            return None
-        original.status, original.finish_time = req.status, req.finish_time
-        original.finish_reason, original.reject_reason = req.finish_reason, req.reject_reason
-        return original
+        if not hand_over(req, original):  # refused or aborted: so is the request
+            return original
+        decode = self._decode(original, [r for r in replicas if r.alive], now)
+        if decode is None:  # every decode instance is gone: computed again whole
+            original.kv_transfer_params = None
+            decode = next(r for r in replicas if r.alive)
+        decode.send(original)
+        return None
 
     def lost(self, req: Request) -> Request:
         """What to send again for a request lost with its worker: a leg's request
@@ -328,7 +325,7 @@ def _handle(msg, replicas, final, log, on_progress, clock, pd=None) -> None:
         req = msg[2]
         if rep.take(req.request_id) is not None:
             if pd is not None:
-                req = pd.finished(req, replicas)
+                req = pd.finished(req, replicas, clock())
             if req is not None:
                 final[req.request_id] = req
                 if on_progress is not None:

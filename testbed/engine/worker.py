@@ -22,25 +22,15 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 import traceback
 
 from testbed.core import WallClock
 from testbed.engine.args import EngineArgs
+from testbed.metrics.steplog import step_row
 
 IDLE_POLL_S = 0.02  # how long an idle worker waits for a message at a time
 XFER_POLL_S = 0.0005  # ... while a KV transfer is under way
 TAG_STRIDE = 1 << 20  # transfer tags: the receiving worker's index * this + a count
-
-
-def step_row(res) -> tuple:
-    """A step's :meth:`~testbed.metrics.StepLog.add` arguments after the replica."""
-    return (
-        res.start_s, res.latency_s, res.num_reqs, res.num_prefill_tokens,
-        res.num_decode_tokens, res.kv_usage, res.num_waiting, res.num_running,
-        res.num_preempted, res.kv_tokens, res.attn_pairs, res.max_kv, res.num_spec_reqs,
-        res.num_draft_tokens, res.num_accepted_tokens,
-    )  # fmt: skip
 
 
 class Pending:
@@ -168,13 +158,10 @@ def worker_main(index: int, args: EngineArgs, inbox, outbox, model=None, dist_in
                     for req in msg[1]:
                         if not engine.add_request(req):
                             outbox.send(("done", index, req))
-                    runnable = True
             if transport is not None:
                 transport.poll()
             if not (sched.running or sched.waiting or sched.ready):
-                if not runnable and not waiting_kv:
-                    time.sleep(0)
-                continue
+                continue  # nothing to run: the next message or transfer
             res = engine.step()
             outbox.send(("step", index, step_row(res)))
             meta = res.scheduler_output.kv_connector_metadata if res.scheduler_output else None

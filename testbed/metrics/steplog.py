@@ -54,6 +54,17 @@ ORDER = (
 )
 
 
+def step_row(res) -> tuple:
+    """A ``StepResult``'s row: :meth:`StepLog.add`'s arguments after the replica (an
+    engine process sends these to its parent)."""
+    return (
+        res.start_s, res.latency_s, res.num_reqs, res.num_prefill_tokens,
+        res.num_decode_tokens, res.kv_usage, res.num_waiting, res.num_running,
+        res.num_preempted, res.kv_tokens, res.attn_pairs, res.max_kv, res.num_spec_reqs,
+        res.num_draft_tokens, res.num_accepted_tokens,
+    )  # fmt: skip
+
+
 class StepLog:
     """One row per engine step, in both modes."""
 
@@ -147,24 +158,7 @@ class StepLog:
 
     def add_result(self, replica: int, res) -> None:
         """A row from an engine step's ``StepResult``."""
-        self.add(
-            replica,
-            res.start_s,
-            res.latency_s,
-            res.num_reqs,
-            res.num_prefill_tokens,
-            res.num_decode_tokens,
-            res.kv_usage,
-            res.num_waiting,
-            res.num_running,
-            res.num_preempted,
-            res.kv_tokens,
-            res.attn_pairs,
-            res.max_kv,
-            res.num_spec_reqs,
-            res.num_draft_tokens,
-            res.num_accepted_tokens,
-        )
+        self.add(replica, *step_row(res))
 
     def _run(
         self,

@@ -188,4 +188,11 @@ def summarize(result: RunResult, df: pd.DataFrame | None = None) -> dict[str, fl
     asked = df.groupby("tenant")[["prompt_tokens", "output_tokens"]].sum().sum(axis=1)
     served = done.groupby("tenant")[["prompt_tokens", "output_tokens"]].sum().sum(axis=1)
     m["tenant_service_jain"] = _jain((served.reindex(asked.index).fillna(0) / asked).to_numpy())
+    moved = df[df["kv_transfer_bytes"] > 0]
+    if len(moved):  # disaggregated prefill/decode, either mode
+        m["kv_transfers"] = len(moved)
+        m["kv_transfer_bytes"] = float(moved["kv_transfer_bytes"].sum())
+        took = moved["kv_transfer_end_s"] - moved["kv_transfer_start_s"]
+        m.update(_stats("kv_transfer_s", took.to_numpy(float)))
+        m["kv_transfers_failed"] = int(df["kv_transfer_failed"].sum())
     return m

@@ -25,6 +25,7 @@ from testbed.build import (
     draft_latency_model,
     engine_args,
     latency_model,
+    pairing,
     router,
     run_model,
 )
@@ -99,32 +100,34 @@ def run_real(
 
 
 def run_cluster(cfg, args, model, requests, spec, on_progress):
-    """``cluster.num_replicas`` engine processes behind the router
-    (:mod:`testbed.engine.cluster`)."""
-
+    """Engine processes behind the router (:mod:`testbed.engine.cluster`):
+    ``cluster.num_replicas`` colocated, or ``num_prefill`` + ``num_decode``."""
+    c = cfg.cluster
+    size = c.num_prefill + c.num_decode if c.num_prefill else c.num_replicas
     if cfg.mode.idle_probe or cfg.hardware.reference_cpus or args.speculative_config:
         raise InputError(
-            f"cluster.num_replicas={cfg.cluster.num_replicas}: the idle and reference "
-            "probes and speculative decoding run with one engine only so far"
+            f"cluster with {size} engine processes: the idle and reference probes and "
+            "speculative decoding run with one engine only so far"
         )
-    c = cfg.cluster
+    disagg = c.num_prefill > 0
     result = replay_cluster(
         args,
         requests,
-        c.num_prefill + c.num_decode if c.num_prefill else c.num_replicas,
+        size,
         router(cfg),
         on_progress,
         cfg.mode.max_wall_s,
         model=model,
         num_prefill=c.num_prefill,
-        decider=decider(cfg) if c.num_prefill else None,
+        decider=decider(cfg) if disagg else None,
+        pairing=pairing(cfg) if disagg else None,
     )
     stats = result.extra.pop("replica_stats")
     hits = sum(s.get("prefix_hits", 0) for s in stats)
     queries = sum(s.get("prefix_queries", 0) for s in stats)
     extra = {
         "latency_model": "measured",
-        "latency_model_source": f"{cfg.cluster.num_replicas} real engine processes",
+        "latency_model_source": f"{size} real engine processes",
         "num_kv_blocks": stats[0].get("num_kv_blocks") if stats else None,
         "prefix_cache_hit_rate": hits / queries if queries else 0.0,
         "tokens_computed": sum(s.get("tokens_computed", 0) for s in stats),

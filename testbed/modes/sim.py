@@ -18,6 +18,7 @@ from testbed.build import (
     latency_model,
     link_spec,
     machine_speed,
+    pairing,
     policy_config,
     router,
     scheduler_config,
@@ -95,6 +96,7 @@ def simulate(
             link_spec(cfg),
             spec.kv_bytes_per_token(cfg.model.dtype),
             decider=decider(cfg),
+            pairing=pairing(cfg),
             **common,
         )
     else:

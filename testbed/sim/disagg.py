@@ -5,13 +5,14 @@ An arrival that the decider disaggregates goes, as a one-token "prefill leg"
 (``kv_transfer_params={"do_remote_decode": True}``, as vLLM's proxy sends it), to
 the prefill replica the router picks; when the leg finishes there its blocks
 stay allocated (the producer's connector) and the request itself goes to the
-decode replica the pairing picks (the least KV usage), whose connector loads the
+decode replica the pairing router picks (``cluster.pairing``, by default the
+least KV usage), whose connector loads the
 prompt's KV (all but the last token, which it computes to sample the first
 output token); the load moves over the link between the two replicas
 (:mod:`testbed.sim.kv_transfer`), and as it ends the decode side runs the
 request and the prefill side frees the leg's blocks. TTFT includes the prefill,
 the transfer and the decode side's first step. An arrival the decider keeps
-whole goes to the least loaded decode replica and is served there.
+whole goes to the decode replica the pairing picks and is served there.
 
 The fast path's jumps stop before the next event that may touch a replica: an
 arrival (the decider and pairing read the decode replicas), a prefill step that
@@ -28,10 +29,9 @@ from collections.abc import Callable
 import numpy as np
 
 from policies.deciders import Always, Decider
-from policies.routers import PoolView
+from policies.routers import LeastKVUsage, PoolView, Router
 from testbed.core import EngineCore, Request
-from testbed.core.kv_connector import prefill_leg
-from testbed.core.request import SERVED
+from testbed.core.kv_connector import hand_over, prefill_leg
 from testbed.sim.kv_transfer import KVTransfers
 from testbed.sim.link import LinkSpec
 from testbed.sim.simulator import Replica, Simulation
@@ -52,6 +52,7 @@ class DisaggSimulation(Simulation):
         kv_bytes_per_token: float,
         router=None,
         decider: Decider | None = None,
+        pairing: Router | None = None,
         **kwargs,
     ) -> None:
         if num_prefill < 1 or num_decode < 1:
@@ -65,6 +66,7 @@ class DisaggSimulation(Simulation):
         self.prefill_pool = [PoolView(r, k) for k, r in enumerate(self.replicas[:num_prefill])]
         self.decode_pool = [PoolView(r, k) for k, r in enumerate(self.replicas[num_prefill:])]
         self.decider = decider or Always()
+        self.pairing = pairing or LeastKVUsage()
         self.transfers = KVTransfers(
             self.env,
             self.replicas,
@@ -82,18 +84,13 @@ class DisaggSimulation(Simulation):
             self.min_step_s *= speed.min_factor
         self.num_disaggregated = 0
 
-    def _pair(self) -> Replica:
-        """The decode replica for a request: the least KV usage, then the fewest
-        outstanding requests."""
-        best = min(
-            self.decode_pool,
-            key=lambda v: (v.replica.engine.scheduler.kv.usage, v.num_outstanding, v.index),
-        )
-        return best.replica
+    def _pair(self, request: Request, now: float) -> Replica:
+        """The decode replica for a request (the pairing router's choice)."""
+        return self.decode_pool[self.pairing.route(request, self.decode_pool, now)].replica
 
     def route(self, request: Request, now: float) -> None:
         uncached = request.num_prompt_tokens
-        decode = self._pair()
+        decode = self._pair(request, now)
         if self.decider.needs_cached_tokens:
             uncached -= decode.engine.scheduler.prefix_hit_tokens(request)
         if not self.decider.disaggregate(request, uncached):
@@ -103,8 +100,7 @@ class DisaggSimulation(Simulation):
         self.legs[leg.request_id] = request
         self.num_disaggregated += 1
         pool = self.prefill_pool
-        k = 0 if len(pool) == 1 else self.dispatcher.router.choose(leg, pool, now)
-        pool[k].replica.deliver(leg)
+        pool[self.dispatcher.router.route(leg, pool, now)].replica.deliver(leg)
 
     def arrivals_done(self) -> bool:
         return self.dispatcher.done and not self.legs
@@ -127,15 +123,9 @@ class DisaggSimulation(Simulation):
             original = self.legs.pop(req.request_id, None)
             if original is None:
                 users.append(req)
-            elif req.status in SERVED and req.kv_transfer_params:
-                original.kv_transfer_params = req.kv_transfer_params
-                original.first_scheduled_time = req.first_scheduled_time
-                original.num_cached_tokens = req.num_cached_tokens
-                self._pair().deliver(original)
+            elif hand_over(req, original):
+                self._pair(original, self.env.now).deliver(original)
             else:  # the leg was refused or aborted: so is the request
-                original.status, original.finish_time = req.status, req.finish_time
-                original.reject_reason = req.reject_reason
-                original.finish_reason = req.finish_reason
                 users.append(original)
         if users:
             super().on_finished(users)

@@ -80,7 +80,7 @@ class SimExecutor:
         propose_s = 0.0
         if model is not None:
             propose_s = self._speculate(so, model, out)
-            if self.draft_latency is not None and so.requests:
+            if self.draft_latency is not None:
                 latency += self._draft_passes_s(so, out)
         if self.speed is not None:
             latency *= self.speed.at(self.clock())

@@ -36,8 +36,6 @@ class KVTransfers:
         self.links: dict[tuple[int, int], Link] = {}
         self._version: dict[tuple[int, int], int] = {}
         self._done: dict[tuple[int, int], dict[str, tuple[int, KVLoad]]] = {}
-        self.durations: list[float] = []
-        self.num_in_flight = 0
         self._joining: list[tuple[int, int, float]] = []  # in their latency: (src, dst, join)
 
     def start(self, replica: int, meta: PDMetadata) -> None:
@@ -50,7 +48,6 @@ class KVTransfers:
         req = self._request(dst, load.request_id)
         nbytes = load.num_tokens * self.bytes_per_token
         req.kv_transfer_start, req.kv_transfer_bytes = self.env.now, int(nbytes)
-        self.num_in_flight += 1
         joining = (src, dst, self.env.now + self.spec.latency_s)
         self._joining.append(joining)
         yield self.env.timeout(self.spec.latency_s)
@@ -89,8 +86,6 @@ class KVTransfers:
         now = self.env.now
         req = self._request(dst, load.request_id)
         req.kv_transfer_end = now
-        self.durations.append(now - req.kv_transfer_start)
-        self.num_in_flight -= 1
         decode, prefill = self.replicas[dst], self.replicas[load.remote_instance]
         decode.engine.scheduler.update_connector_output((), {load.request_id}, now)
         prefill.engine.scheduler.update_connector_output({load.remote_request_id}, (), now)
@@ -110,15 +105,11 @@ class KVTransfers:
         return t
 
     def metrics(self, duration_s: float) -> dict[str, float]:
-        """``metrics.json``'s transfer fields."""
-        d = np.asarray(self.durations)
+        """``metrics.json``'s link fields (the transfers' own, from the request
+        records, are every mode's: ``testbed.metrics.summary``)."""
         links = list(self.links.values())
         util = [link.busy_s / duration_s for link in links] if duration_s > 0 else []
         return {
-            "kv_transfer_bytes": float(sum(link.bytes_moved for link in links)),
-            "kv_transfers": len(d),
-            "kv_transfer_s_mean": float(d.mean()) if len(d) else float("nan"),
-            "kv_transfer_s_p99": float(np.percentile(d, 99)) if len(d) else float("nan"),
             "kv_link": self.spec.name,
             "kv_link_utilization_mean": float(np.mean(util)) if util else 0.0,
             "kv_link_utilization_max": float(np.max(util)) if util else 0.0,

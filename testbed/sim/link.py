@@ -73,7 +73,6 @@ class Link:
         self._size: dict[object, float] = {}
         self.now = 0.0
         self.busy_s = 0.0  # time with at least one transfer moving data
-        self.bytes_moved = 0.0
 
     def advance(self, now: float) -> None:
         """Move every transfer's data on to ``now``."""
@@ -92,7 +91,6 @@ class Link:
         if key in self.remaining:
             raise ValueError(f"link {self.spec.name}: transfer {key!r} is already on it")
         self.remaining[key] = self._size[key] = float(num_bytes)
-        self.bytes_moved += num_bytes
 
     def next_finish(self) -> float:
         """When the next transfer is through, if nothing joins before (inf: none)."""

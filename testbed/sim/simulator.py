@@ -68,6 +68,10 @@ class Replica:
         self.num_outstanding_tokens += request.num_prompt_tokens
         self.wake()
 
+    @property
+    def kv_usage(self) -> float:
+        return self.engine.scheduler.kv.usage
+
     def wake(self) -> None:
         """Let the replica look again if it waits for an event (an arrival, KV)."""
         if self.idle is not None and not self.idle.triggered:
@@ -273,9 +277,7 @@ class Simulation:
 
     def route(self, request: Request, now: float) -> None:
         """Send an arrival to the replica its router chooses."""
-        replicas = self.replicas
-        i = 0 if len(replicas) == 1 else self.dispatcher.router.choose(request, replicas, now)
-        replicas[i].deliver(request)
+        self.replicas[self.dispatcher.router.route(request, self.replicas, now)].deliver(request)
 
     def arrivals_done(self) -> bool:
         """Whether no request will reach a replica any more."""

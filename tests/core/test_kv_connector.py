@@ -36,9 +36,9 @@ def test_a_producer_keeps_a_finished_requests_blocks_until_its_kv_is_sent():
         "do_remote_prefill": True, "remote_instance": 3, "remote_request_id": "r0",
         "remote_block_ids": blocks, "num_tokens": 10,
     }  # fmt: skip
-    assert s.connector.num_sending == 1 and not s.has_unfinished_requests()
+    assert list(s.sending) == ["r0"] and not s.has_unfinished_requests()
     step(s, 1.0, finished_sending={"r0"})  # from the data side's output
-    assert s.kv.num_free_blocks == 32 and s.connector.num_sending == 0
+    assert s.kv.num_free_blocks == 32 and not s.sending
     # A request without the params is freed at once.
     (q,) = create_requests(1, prompt_len=10, output_len=1, start=1)
     s.add_request(q, 2.0)

@@ -90,3 +90,27 @@ def test_bad_router_options_are_refused_naming_them(tmp_path):
     with pytest.raises(InputError, match=r"cluster.router=prefix_affinity .*imbalance"):
         run(tmp_path, "cluster=replicas4", "cluster.router=prefix_affinity",
             "+cluster.router_args.imbalance=-1")  # fmt: skip
+
+
+def test_least_kv_usage_pairs_with_the_emptiest_cache_and_route_skips_a_lone_replica():
+    @dataclass
+    class KVView(View):
+        kv_usage: float = 0.0
+
+    views = [KVView(0, 1, kv_usage=0.6), KVView(1, 9, kv_usage=0.2), KVView(2, 0, kv_usage=0.2)]
+    router = make_router("least_kv_usage")
+    assert router.choose(req(), views, 0.0) == 2  # tie on usage: fewer outstanding
+    assert router.route(req(), views[:1], 0.0) == 0
+
+
+def test_a_disaggregated_simulation_takes_its_pairing_from_the_config(tmp_path):
+    import pandas as pd
+
+    from tests.sim.helpers import run
+
+    m = run(
+        tmp_path, "cluster=disagg", "cluster.num_decode=2", "cluster.pairing=round_robin",
+        "trace.num_requests=40",
+    )  # fmt: skip
+    steps = pd.read_csv(tmp_path / "run" / "steps.csv")
+    assert m["num_finished"] == 40 and set(steps.replica) == {0, 1, 2}

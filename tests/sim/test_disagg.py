@@ -69,7 +69,7 @@ def test_a_lone_transfer_takes_the_links_latency_plus_bytes_over_bandwidth(tmp_p
 
 def test_deciders_choose_which_requests_move(tmp_path):
     never = run(tmp_path, *DISAGG, "cluster.decider=never", name="never")
-    assert never["num_disaggregated"] == 0 and never["kv_transfers"] == 0
+    assert never["num_disaggregated"] == 0 and "kv_transfers" not in never  # none moved
     assert never["num_finished"] == 60 and never["prefill_pool_utilization"] == 0
     some = run(
         tmp_path, *DISAGG, "cluster.decider=uncached_prompt",
@@ -107,7 +107,8 @@ def test_transfers_share_a_link_and_blocks_come_back(tmp_path):
         result, extra = simulate(cfg, requests, spec)
     finally:
         DisaggSimulation.run = run_sim
-    assert extra["num_prefill"] == 2 and extra["kv_transfers"] == 80
+    assert extra["num_prefill"] == 2
+    assert sum(r.kv_transfer_bytes > 0 for r in result.requests) == 80
     assert extra["kv_link_utilization_max"] > 0
     ends = sorted((r.kv_transfer_start, r.kv_transfer_end) for r in result.requests)
     overlapping = sum(1 for a, b in itertools.pairwise(ends) if b[0] < a[1])
