@@ -72,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
                 "progress=false",
                 "plots=false",
             ]
-            m = run_from_config(compose_config(overrides), a.out / f"{n}x-{router}")
+            run_dir = a.out / f"{n}x-{router}"
+            m = run_from_config(compose_config(overrides), run_dir)
+            (run_dir / "steps.csv").unlink(missing_ok=True)  # tens of MB, not read here
             row = dict(replicas=n, router=router, **{k: m[k] for k in METRICS})
             rows.append(row)
             hit, ttft, p99, e2e = (row[k] for k in METRICS[:4])

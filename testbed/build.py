@@ -20,6 +20,7 @@ from policies.deciders import Decider, make_decider
 from policies.routers import Router, make_router
 from testbed.config_schema import vllm_fields
 from testbed.core import SchedulerConfig
+from testbed.core.kv_faults import KVFaults
 from testbed.engine.args import EngineArgs
 from testbed.engine.spec_config import SpeculativeConfig
 from testbed.errors import InputError
@@ -249,6 +250,12 @@ def decider(cfg: DictConfig) -> Decider:
 def pairing(cfg: DictConfig) -> Router:
     """The router that pairs a disaggregated request with a decode replica."""
     return _cluster_policy(cfg, "pairing", make_router)
+
+
+def kv_faults(cfg: DictConfig) -> KVFaults:
+    """The KV transfer faults the run injects (none by default), seeded by the run's seed."""
+    c = cfg.cluster
+    return KVFaults(c.kv_fault, c.kv_fault_rate, cfg.seed)
 
 
 def link_spec(cfg: DictConfig) -> LinkSpec:

@@ -25,6 +25,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from policies import REGISTRY, policy_class
 from policies.deciders import DECIDERS
 from policies.routers import ROUTERS
+from testbed.core.kv_faults import FAULT_KINDS
 from testbed.engine.spec_config import SpeculativeConfig
 from testbed.errors import InputError
 from testbed.hardware import HardwareSpec
@@ -94,12 +95,12 @@ class ClusterConfig:
 
     num_replicas: int = 1
     # round_robin | random | least_outstanding | least_outstanding_tokens |
-    # power_of_two | prefix_affinity (policies/routers.py)
+    # power_of_two | prefix_affinity | least_kv_usage (policies/routers.py)
     router: str = "round_robin"
     router_args: dict[str, Any] = field(default_factory=dict)  # the router's options
-    # Disaggregated prefill/decode (mode=sim): num_prefill prefill and num_decode
+    # Disaggregated prefill/decode (both modes): num_prefill prefill and num_decode
     # decode replicas instead of num_replicas colocated ones (0 and 0: colocated).
-    # The router picks the prefill replica; the decode one has the least KV usage.
+    # The router picks the prefill replica, the pairing (below) the decode one.
     num_prefill: int = 0
     num_decode: int = 0
     link: str = "nvlink"  # the KV link between them: nvlink | pcie | infiniband | cpu
@@ -112,6 +113,14 @@ class ClusterConfig:
     # The decode replica for a disaggregated request: any router (policies/routers.py).
     pairing: str = "least_kv_usage"
     pairing_args: dict[str, Any] = field(default_factory=dict)
+    # A KV receive not done within this many seconds has failed: the decode replica
+    # computes the prompt itself and the prefill replica frees the blocks it kept.
+    kv_transfer_timeout_s: float = 30.0
+    # Injected faults (testbed/core/kv_faults.py): a fraction kv_fault_rate of the
+    # transfers, chosen by request id and seed (the same in both modes), fails as
+    # kv_fault: fail (the transfer errors) | hang (it never ends: the timeout).
+    kv_fault: str = "fail"
+    kv_fault_rate: float = 0.0
 
 
 # --- modes ---
@@ -255,6 +264,9 @@ RANGES: dict[tuple[str, str], tuple[Any, str]] = {
     ("cluster", "link_latency_s"): (lambda x: x is None or x >= 0, "null or >= 0"),
     ("cluster", "link_bandwidth_bytes_s"): (_positive, "null or > 0"),
     ("cluster", "decider"): (lambda x: x in DECIDERS, f"one of {', '.join(sorted(DECIDERS))}"),
+    ("cluster", "kv_transfer_timeout_s"): (_positive, "> 0"),
+    ("cluster", "kv_fault"): (lambda x: x in FAULT_KINDS, f"one of {', '.join(FAULT_KINDS)}"),
+    ("cluster", "kv_fault_rate"): (lambda x: 0 <= x <= 1, "within [0, 1]"),
     ("mode", "latency_scale"): (_positive, "> 0"),
     ("mode", "max_sim_time_s"): (_positive, "null or > 0"),
     ("mode", "max_wall_s"): (_positive, "null or > 0"),

@@ -129,6 +129,7 @@ class Request:
     kv_transfer_end: float | None = None
     kv_transfer_bytes: int = 0
     kv_transfer_failed: bool = False  # its prompt was recomputed here instead
+    kv_recomputed_tokens: int = 0  # prompt tokens computed here because the transfer failed
 
     def __post_init__(self) -> None:
         if self.prompt_token_ids is not None:

@@ -523,16 +523,21 @@ class Scheduler:
         for rid in finished_recving:
             self._finish_kv_load(rid, now)
         for rid in failed_recving:
-            req = self.loading.pop(rid)
+            req = self.loading.pop(rid, None)
+            if req is None:  # aborted meanwhile
+                continue
             self.kv.free(req)
+            req.kv_recomputed_tokens += req.remote_kv_tokens
             req.remote_kv_tokens = req.num_computed_tokens = 0
             req.kv_transfer_failed = True
             req.status = RequestStatus.WAITING
             self.waiting.add(req, now)
             self.admission_blocked_on_kv = False
         for rid in finished_sending:
-            self.kv.free(self.sending.pop(rid))
-            self.admission_blocked_on_kv = False
+            req = self.sending.pop(rid, None)
+            if req is not None:  # (a release after the send is a no-op)
+                self.kv.free(req)
+                self.admission_blocked_on_kv = False
 
     def _finish_kv_load(self, request_id: str, now: float) -> None:
         req = self.loading.pop(request_id)

@@ -21,7 +21,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 from multiprocessing.connection import wait
 
 import torch.multiprocessing as mp
@@ -29,6 +29,7 @@ import torch.multiprocessing as mp
 from policies.routers import LeastKVUsage, PoolView
 from testbed.core import Request, RequestStatus, WallClock
 from testbed.core.kv_connector import hand_over, prefill_leg
+from testbed.core.kv_faults import KVFaults
 from testbed.engine.args import EngineArgs
 from testbed.engine.worker import worker_main
 from testbed.metrics import RunResult, StepLog
@@ -87,11 +88,14 @@ def replay_cluster(
     num_prefill: int = 0,
     decider=None,
     pairing=None,
+    faults: KVFaults | None = None,
+    kv_timeout_s: float = float("inf"),
 ) -> RunResult:
     """Replay ``requests`` on ``num_replicas`` engine processes; the run's records
     (``requests`` as they came back, in their order) and merged step log. With
     ``num_prefill``, the first that many are prefill instances and the rest decode
-    instances (disaggregated: :class:`PDRouting`)."""
+    instances (disaggregated: :class:`PDRouting`; ``faults`` injected into their KV
+    transfers, a receive not done in ``kv_timeout_s`` failed)."""
     ctx = mp.get_context("spawn")
     wargs = worker_args(args, num_replicas)
     pd_routing = PDRouting(num_prefill, decider, pairing or LeastKVUsage()) if num_prefill else None
@@ -106,7 +110,10 @@ def replay_cluster(
         own = wargs
         if pd_routing is not None:
             role = "kv_producer" if i < num_prefill else "kv_consumer"
-            own = replace(wargs, kv_transfer_config={"kv_role": role, "kv_rank": i})
+            kv_cfg = {"kv_role": role, "kv_rank": i, "kv_timeout_s": kv_timeout_s}
+            if faults is not None:
+                kv_cfg["kv_faults"] = asdict(faults)
+            own = replace(wargs, kv_transfer_config=kv_cfg)
         proc = ctx.Process(
             target=worker_main,
             args=(i, own, inbox, writer, model, dist_init),
@@ -148,7 +155,7 @@ def replay_cluster(
             for rep in replicas:
                 if rep.alive and not rep.process.is_alive():
                     others = [r for r in replicas if r.alive and r is not rep]
-                    n = _lost(rep, others, router, clock(), pd_routing)
+                    n = _lost(rep, others, router, clock(), pd_routing, replicas)
                     what = "sent again to the others" if others else "failed"
                     messages.append(
                         f"{rep.name} died (exit code {rep.process.exitcode}): "
@@ -289,15 +296,30 @@ class PDRouting:
         decode.send(original)
         return None
 
-    def lost(self, req: Request) -> Request:
-        """What to send again for a request lost with its worker: a leg's request
-        from the start; a decode request's prompt recomputed (its KV's holder may
-        be gone)."""
+    def lost(self, req: Request, others: list[ReplicaState], replicas, router, now: float):
+        """Send again a request lost with its worker: a leg's request from the
+        start (a new leg, or whole); a decode request whole to a decode instance
+        (the prefill worker holding its KV is told to free it)."""
         original = self.legs.pop(req.request_id, None)
         if original is not None:
-            return original
-        req.kv_transfer_params = None
-        return req
+            self.dispatch(original, others, router, now)
+            return
+        params, req.kv_transfer_params = req.kv_transfer_params, None
+        if params and params.get("remote_instance") is not None:
+            _tell(replicas[params["remote_instance"]], ("release", params["remote_request_id"]))
+        (self._decode(req, others, now) or others[0]).send(req)
+
+    def worker_died(self, rep: ReplicaState, replicas: list[ReplicaState]) -> None:
+        """A prefill worker died: the decode workers give up on loads from it."""
+        if rep.index < self.num_prefill:
+            for other in replicas[self.num_prefill :]:
+                _tell(other, ("peer_dead", rep.index))
+
+
+def _tell(rep: ReplicaState, msg) -> None:
+    """Send ``msg`` to a worker, if it is still there."""
+    if rep.alive and rep.process.is_alive():
+        rep.inbox.put(msg)
 
 
 def _drain(outbox, replicas, final, log, timeout, on_progress, clock, pd=None) -> None:
@@ -320,7 +342,16 @@ def _handle(msg, replicas, final, log, on_progress, clock, pd=None) -> None:
         rep.kv_usage = msg[2][5]
     elif kind == "pull":  # a decode worker waits for a prefill worker's KV
         _, dst, src, leg_id, tag, n = msg
-        replicas[src].inbox.put(("send", leg_id, dst, tag, n))
+        if replicas[src].alive and replicas[src].process.is_alive():
+            replicas[src].inbox.put(("send", leg_id, dst, tag, n))
+        else:
+            _tell(replicas[dst], ("fail_load", tag))
+    elif kind == "nosend":  # a prefill worker cannot send a load's KV
+        _, _, dst, tag = msg
+        _tell(replicas[dst], ("fail_load", tag))
+    elif kind == "kv_failed":  # a decode worker gave up on a load: free its blocks
+        _, _, src, leg_id = msg
+        _tell(replicas[src], ("release", leg_id))
     elif kind == "done":
         req = msg[2]
         if rep.take(req.request_id) is not None:
@@ -337,17 +368,19 @@ def _handle(msg, replicas, final, log, on_progress, clock, pd=None) -> None:
         raise RuntimeError(f"{rep.name} failed:\n{msg[2]}")
 
 
-def _lost(rep: ReplicaState, others: list[ReplicaState], router, now: float, pd=None) -> int:
+def _lost(rep: ReplicaState, others: list[ReplicaState], router, now: float, pd, replicas) -> int:
     """A worker died: its outstanding requests start again elsewhere, from scratch
     (the parent's copies were never changed), or fail with the reason; how many."""
     rep.alive = False
+    if pd is not None:
+        pd.worker_died(rep, replicas)
     lost = list(rep.outstanding.values())
     rep.outstanding.clear()
     for req in lost:
-        if pd is not None:
-            req = pd.lost(req)
-        if others:
-            _dispatch(req, others, router, now, pd)
+        if others and pd is not None:
+            pd.lost(req, others, replicas, router, now)
+        elif others:
+            _choose(req, others, router, now).send(req)
         else:
             req.status = RequestStatus.FINISHED_ABORTED
             req.finish_reason = req.reject_reason = f"{rep.name} died"

@@ -41,6 +41,7 @@ _INTS = (
     "accepted_tokens",
     "kv_transfer_bytes",
     "kv_transfer_failed",
+    "kv_recomputed_tokens",
 )
 
 
@@ -91,6 +92,7 @@ class RequestRecords:
         i["accepted_tokens"].append(req.num_accepted_tokens)
         i["kv_transfer_bytes"].append(req.kv_transfer_bytes)
         i["kv_transfer_failed"].append(req.kv_transfer_failed)
+        i["kv_recomputed_tokens"].append(req.kv_recomputed_tokens)
         self._ids.append(req.request_id)
         self._tenants.append(req.tenant)
         self._reasons.append(req.reject_reason or "")
@@ -136,6 +138,7 @@ class RequestRecords:
                 "kv_transfer_end_s": col("kv_transfer_end_s"),
                 "kv_transfer_bytes": col("kv_transfer_bytes"),
                 "kv_transfer_failed": col("kv_transfer_failed").astype(bool),
+                "kv_recomputed_tokens": col("kv_recomputed_tokens"),
                 "tpot_s": tpot,
             }
         )

@@ -188,11 +188,15 @@ def summarize(result: RunResult, df: pd.DataFrame | None = None) -> dict[str, fl
     asked = df.groupby("tenant")[["prompt_tokens", "output_tokens"]].sum().sum(axis=1)
     served = done.groupby("tenant")[["prompt_tokens", "output_tokens"]].sum().sum(axis=1)
     m["tenant_service_jain"] = _jain((served.reindex(asked.index).fillna(0) / asked).to_numpy())
-    moved = df[df["kv_transfer_bytes"] > 0]
-    if len(moved):  # disaggregated prefill/decode, either mode
+    # Disaggregated prefill/decode, either mode: the transfers that moved KV (a
+    # failed one moved none: its request recomputed the prompt).
+    moved = df[(df["kv_transfer_bytes"] > 0) & ~df["kv_transfer_failed"]]
+    failed = df[df["kv_transfer_failed"]]
+    if len(moved) or len(failed):
         m["kv_transfers"] = len(moved)
         m["kv_transfer_bytes"] = float(moved["kv_transfer_bytes"].sum())
         took = moved["kv_transfer_end_s"] - moved["kv_transfer_start_s"]
         m.update(_stats("kv_transfer_s", took.to_numpy(float)))
-        m["kv_transfers_failed"] = int(df["kv_transfer_failed"].sum())
+        m["kv_transfers_failed"] = len(failed)
+        m["kv_recomputed_tokens"] = int(failed["kv_recomputed_tokens"].sum())
     return m

@@ -24,6 +24,7 @@ from testbed.build import (
     decider,
     draft_latency_model,
     engine_args,
+    kv_faults,
     latency_model,
     pairing,
     router,
@@ -121,6 +122,8 @@ def run_cluster(cfg, args, model, requests, spec, on_progress):
         num_prefill=c.num_prefill,
         decider=decider(cfg) if disagg else None,
         pairing=pairing(cfg) if disagg else None,
+        faults=kv_faults(cfg) if disagg else None,
+        kv_timeout_s=c.kv_transfer_timeout_s,
     )
     stats = result.extra.pop("replica_stats")
     hits = sum(s.get("prefix_hits", 0) for s in stats)
@@ -131,6 +134,7 @@ def run_cluster(cfg, args, model, requests, spec, on_progress):
         "num_kv_blocks": stats[0].get("num_kv_blocks") if stats else None,
         "prefix_cache_hit_rate": hits / queries if queries else 0.0,
         "tokens_computed": sum(s.get("tokens_computed", 0) for s in stats),
+        "kv_blocks_held_at_end": sum(s.get("kv_blocks_held", 0) for s in stats),
         "replica_events": result.extra.pop("replica_events"),
         "partial": result.partial,
         "stop_reason": result.stop_reason,

@@ -15,6 +15,7 @@ from testbed.build import (
     draft_latency_model,
     hardware_spec,
     kv_blocks,
+    kv_faults,
     latency_model,
     link_spec,
     machine_speed,
@@ -97,6 +98,8 @@ def simulate(
             spec.kv_bytes_per_token(cfg.model.dtype),
             decider=decider(cfg),
             pairing=pairing(cfg),
+            faults=kv_faults(cfg),
+            timeout_s=cluster.kv_transfer_timeout_s,
             **common,
         )
     else:

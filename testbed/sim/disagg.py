@@ -32,6 +32,7 @@ from policies.deciders import Always, Decider
 from policies.routers import LeastKVUsage, PoolView, Router
 from testbed.core import EngineCore, Request
 from testbed.core.kv_connector import hand_over, prefill_leg
+from testbed.core.kv_faults import KVFaults
 from testbed.sim.kv_transfer import KVTransfers
 from testbed.sim.link import LinkSpec
 from testbed.sim.simulator import Replica, Simulation
@@ -53,6 +54,8 @@ class DisaggSimulation(Simulation):
         router=None,
         decider: Decider | None = None,
         pairing: Router | None = None,
+        faults: KVFaults | None = None,
+        timeout_s: float = float("inf"),
         **kwargs,
     ) -> None:
         if num_prefill < 1 or num_decode < 1:
@@ -73,6 +76,8 @@ class DisaggSimulation(Simulation):
             link,
             kv_bytes_per_token,
             lambda i, rid: self.replicas[i].engine.scheduler.requests[rid],
+            faults,
+            timeout_s,
         )
         for i, rep in enumerate(self.replicas):
             rep.engine.executor.kv_transfers = lambda meta, i=i: self.transfers.start(i, meta)

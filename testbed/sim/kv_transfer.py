@@ -2,7 +2,11 @@
 connector asks for (``PDMetadata``) moves over the link between the two
 instances (:class:`~testbed.sim.link.Link`, one per ordered pair), and as it
 ends both schedulers hear of it (the decode side's request runs, the prefill
-side's blocks are freed) and both replicas wake."""
+side's blocks are freed) and both replicas wake.
+
+A transfer struck by an injected fault (:class:`~testbed.core.kv_faults.KVFaults`)
+fails after the link's latency (``fail``) or at the receive's timeout (``hang``):
+the decode side recomputes the prompt, the prefill side frees the blocks."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import numpy as np
 import simpy
 
 from testbed.core.kv_connector import KVLoad, PDMetadata
+from testbed.core.kv_faults import KVFaults
 from testbed.core.request import Request
 from testbed.sim.link import Link, LinkSpec
 
@@ -20,7 +25,8 @@ class KVTransfers:
     """Moves KV between replicas on simulated time.
 
     ``replicas``: the simulation's replicas (``engine.scheduler``, ``wake()``);
-    ``bytes_per_token``: the model's KV bytes per token."""
+    ``bytes_per_token``: the model's KV bytes per token; ``faults``: those to
+    inject; ``timeout_s``: when a receive that has not ended fails."""
 
     def __init__(
         self,
@@ -29,14 +35,18 @@ class KVTransfers:
         spec: LinkSpec,
         bytes_per_token: float,
         requests: Callable[[int, str], Request],
+        faults: KVFaults | None = None,
+        timeout_s: float = float("inf"),
     ) -> None:
         self.env, self.replicas, self.spec = env, replicas, spec
         self.bytes_per_token = bytes_per_token
         self._request = requests  # (replica, request id) -> the request there
+        self.faults, self.timeout_s = faults or KVFaults(), timeout_s
         self.links: dict[tuple[int, int], Link] = {}
         self._version: dict[tuple[int, int], int] = {}
         self._done: dict[tuple[int, int], dict[str, tuple[int, KVLoad]]] = {}
-        self._joining: list[tuple[int, int, float]] = []  # in their latency: (src, dst, join)
+        # Not on a link yet (in their latency, or hanging): (src, dst, when that ends).
+        self._joining: list[tuple[int, int, float]] = []
 
     def start(self, replica: int, meta: PDMetadata) -> None:
         """The loads ``replica``'s connector asked for in this step: each starts now."""
@@ -47,11 +57,17 @@ class KVTransfers:
         src = load.remote_instance
         req = self._request(dst, load.request_id)
         nbytes = load.num_tokens * self.bytes_per_token
-        req.kv_transfer_start, req.kv_transfer_bytes = self.env.now, int(nbytes)
-        joining = (src, dst, self.env.now + self.spec.latency_s)
+        req.kv_transfer_start = self.env.now
+        fault = self.faults.strikes(load.request_id)
+        wait = self.timeout_s if fault == "hang" else self.spec.latency_s
+        joining = (src, dst, self.env.now + wait)
         self._joining.append(joining)
-        yield self.env.timeout(self.spec.latency_s)
+        yield self.env.timeout(wait)
         self._joining.remove(joining)
+        if fault is not None:
+            self._fail(dst, load)
+            return
+        req.kv_transfer_bytes = int(nbytes)
         pair = (src, dst)
         link = self.links.get(pair)
         if link is None:
@@ -88,6 +104,15 @@ class KVTransfers:
         req.kv_transfer_end = now
         decode, prefill = self.replicas[dst], self.replicas[load.remote_instance]
         decode.engine.scheduler.update_connector_output((), {load.request_id}, now)
+        prefill.engine.scheduler.update_connector_output({load.remote_request_id}, (), now)
+        decode.wake()
+        prefill.wake()
+
+    def _fail(self, dst: int, load: KVLoad) -> None:
+        now = self.env.now
+        self._request(dst, load.request_id).kv_transfer_end = now
+        decode, prefill = self.replicas[dst], self.replicas[load.remote_instance]
+        decode.engine.scheduler.update_connector_output((), (), now, {load.request_id})
         prefill.engine.scheduler.update_connector_output({load.remote_request_id}, (), now)
         decode.wake()
         prefill.wake()

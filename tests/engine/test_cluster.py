@@ -4,6 +4,7 @@ served by the others."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import signal
@@ -130,3 +131,95 @@ def test_greedy_outputs_of_one_prefill_and_one_decode_process_are_one_engines():
     for r in result.requests:
         assert r.kv_transfer_end > r.kv_transfer_start >= r.arrival_time
         assert r.kv_transfer_bytes > 0 and r.first_token_time > r.kv_transfer_end
+
+
+@functools.cache
+def alone_cached(n: int, max_tokens: int = 24) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(t) for t in alone(n, max_tokens))
+
+
+def kill_when_first_back(name: str, victim: list[int]):
+    """An ``on_progress`` that SIGKILLs the worker ``name`` when the first request
+    is back (its pid into ``victim``)."""
+
+    def kill(now: float, num_done: int) -> None:
+        import multiprocessing
+
+        if not victim:
+            (kid,) = [p for p in multiprocessing.active_children() if p.name == name]
+            victim.append(kid.pid)
+            os.kill(kid.pid, signal.SIGKILL)
+
+    return kill
+
+
+@pytest.mark.parametrize("kind", ["fail", "hang"])
+def test_a_failed_or_timed_out_transfer_is_recomputed_by_the_decode_process(kind):
+    """Injected faults on the real KV transfer: a send the prefill process cannot
+    make (fail) or never makes (hang, ended by the receive's timeout). Each struck
+    request recomputes its prompt on the decode process, its record says so, the
+    outputs are still one engine's, and the prefill process frees every block."""
+    from testbed.core.kv_faults import KVFaults
+
+    faults = KVFaults(kind, 0.4, seed=5)
+    args = EngineArgs(model=stories(), max_num_seqs=8)
+    reqs = requests(12)
+    result = replay_cluster(
+        args, reqs, 2, make_router("round_robin"), num_prefill=1, faults=faults,
+        kv_timeout_s=0.5,
+    )  # fmt: skip
+    assert not result.partial and result.stop_reason == "finished"
+    assert tuple(tuple(r.output_token_ids) for r in result.requests) == alone_cached(12)
+    struck = {r.request_id for r in reqs if faults.strikes(r.request_id)}
+    assert 2 <= len(struck) <= 10
+    for r in result.requests:
+        assert r.kv_transfer_failed == (r.request_id in struck), r.request_id
+        if r.kv_transfer_failed:
+            assert r.kv_recomputed_tokens == r.num_prompt_tokens - 1 and r.kv_transfer_bytes == 0
+            took = r.kv_transfer_end - r.kv_transfer_start
+            assert took >= 0.5 if kind == "hang" else took < 0.5
+        else:
+            assert r.kv_recomputed_tokens == 0 and r.kv_transfer_bytes > 0
+    assert [s["kv_blocks_held"] for s in result.extra["replica_stats"]] == [0, 0]
+
+
+def test_a_prefill_process_that_dies_mid_transfer_leaves_its_loads_recomputed():
+    """Half the transfers hang (a 60 s timeout); the prefill process is killed
+    with them under way. The decode process gives up on them at once (the parent
+    reports the death), recomputes their prompts, and everything is served as one
+    engine serves it (the legs not yet back are sent whole to the decode process)."""
+    from testbed.core.kv_faults import KVFaults
+
+    args = EngineArgs(model=stories(), max_num_seqs=8)
+    victim: list[int] = []
+    result = replay_cluster(
+        args, requests(12), 2, make_router("round_robin"), num_prefill=1,
+        faults=KVFaults("hang", 0.5, seed=5), kv_timeout_s=60.0,
+        on_progress=kill_when_first_back("engine-0", victim),
+    )  # fmt: skip
+    assert victim and "engine-0 died (exit code -9)" in result.stop_reason
+    assert all(r.finish_time is not None for r in result.requests), result.stop_reason
+    assert tuple(tuple(r.output_token_ids) for r in result.requests) == alone_cached(12)
+    failed = [r for r in result.requests if r.kv_transfer_failed]
+    assert failed and all(r.kv_transfer_end - r.kv_transfer_start < 30 for r in failed)
+    assert result.extra["replica_stats"][1]["kv_blocks_held"] == 0
+
+
+def test_a_decode_process_that_dies_has_the_prefill_process_free_its_kv():
+    """1P2D, a decode process killed with requests queued whose KV it has not
+    pulled yet (two run at a time; paired in turn, so it has half): they are served
+    whole by the other decode process, and the prefill process frees the blocks it
+    kept for them."""
+    args = EngineArgs(model=stories(), max_num_seqs=2)
+    victim: list[int] = []
+    result = replay_cluster(
+        args, requests(12, max_tokens=120, gap_s=0.0), 3, make_router("round_robin"),
+        num_prefill=1, pairing=make_router("round_robin"),
+        on_progress=kill_when_first_back("engine-1", victim),
+    )  # fmt: skip
+    lost = re.search(r"engine-1 died \(exit code -9\): its (\d+) outstanding", result.stop_reason)
+    assert lost and int(lost.group(1)) > 2, result.stop_reason
+    assert all(r.finish_time is not None for r in result.requests), result.stop_reason
+    assert tuple(tuple(r.output_token_ids) for r in result.requests) == alone_cached(12, 120)
+    prefill, _, decode = result.extra["replica_stats"]
+    assert prefill["kv_blocks_held"] == 0 and decode["kv_blocks_held"] == 0

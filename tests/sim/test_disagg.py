@@ -84,15 +84,34 @@ def test_deciders_choose_which_requests_move(tmp_path):
 def test_transfers_share_a_link_and_blocks_come_back(tmp_path):
     """2 prefill and 2 decode replicas under load on a slow link: transfers overlap
     and share it; every prefill block is freed once its KV has been sent."""
+
+    sim, result, extra = simulate_disagg(
+        "cluster.num_prefill=2", "cluster.num_decode=2",
+        "cluster.link_bandwidth_bytes_s=2e7", "trace.num_requests=80", "trace.rate=20",
+    )  # fmt: skip
+    assert extra["num_prefill"] == 2
+    assert sum(r.kv_transfer_bytes > 0 for r in result.requests) == 80
+    assert extra["kv_link_utilization_max"] > 0
+    ends = sorted((r.kv_transfer_start, r.kv_transfer_end) for r in result.requests)
+    overlapping = sum(1 for a, b in itertools.pairwise(ends) if b[0] < a[1])
+    assert overlapping > 5
+    alone = [
+        r.kv_transfer_end - r.kv_transfer_start - r.kv_transfer_bytes / 2e7 for r in result.requests
+    ]
+    assert max(alone) > 1e-3  # some shared the link and took longer than alone
+    assert all(r.status.name.startswith("FINISHED") for r in result.requests)
+    assert_every_block_back(sim)
+
+
+def simulate_disagg(*overrides: str):
+    """A disaggregated simulation in this process: the simulation object (to look
+    into its replicas after the run), its result and its metrics fields."""
     from testbed.build import load_requests, model_spec
     from testbed.config_schema import compose_config
     from testbed.modes.sim import simulate
     from testbed.sim.disagg import DisaggSimulation
 
-    cfg = compose_config([
-        "mode=sim", "cluster=disagg", "cluster.num_prefill=2", "cluster.num_decode=2",
-        "cluster.link_bandwidth_bytes_s=2e7", "trace.num_requests=80", "trace.rate=20",
-    ])  # fmt: skip
+    cfg = compose_config(["mode=sim", "cluster=disagg", *overrides])
     spec = model_spec(cfg.model)
     _, requests = load_requests(cfg, spec)
     sims = []
@@ -107,20 +126,54 @@ def test_transfers_share_a_link_and_blocks_come_back(tmp_path):
         result, extra = simulate(cfg, requests, spec)
     finally:
         DisaggSimulation.run = run_sim
-    assert extra["num_prefill"] == 2
-    assert sum(r.kv_transfer_bytes > 0 for r in result.requests) == 80
-    assert extra["kv_link_utilization_max"] > 0
-    ends = sorted((r.kv_transfer_start, r.kv_transfer_end) for r in result.requests)
-    overlapping = sum(1 for a, b in itertools.pairwise(ends) if b[0] < a[1])
-    assert overlapping > 5
-    alone = [
-        r.kv_transfer_end - r.kv_transfer_start - r.kv_transfer_bytes / 2e7 for r in result.requests
-    ]
-    assert max(alone) > 1e-3  # some shared the link and took longer than alone
-    assert all(r.status.name.startswith("FINISHED") for r in result.requests)
-    for rep in sims[0].replicas:  # every block back, nothing still being sent
+    return sims[0], result, extra
+
+
+def assert_every_block_back(sim) -> None:
+    for rep in sim.replicas:  # every block back, nothing still being sent or loaded
         sched = rep.engine.scheduler
-        assert not sched.sending and sched.kv.num_free_blocks == sched.kv.num_blocks
+        assert not sched.sending and not sched.loading
+        assert sched.kv.num_free_blocks == sched.kv.num_blocks
+
+
+@pytest.mark.parametrize("kind", ["fail", "hang"])
+def test_a_failed_transfer_is_recomputed_on_the_decode_side(tmp_path, kind):
+    """Injected faults: the struck transfers (by request id) fail after the link's
+    latency or at the timeout; each request recomputes its prompt on the decode
+    replica and is served; the prefill replica frees the blocks; metrics count it."""
+    from testbed.core.kv_faults import KVFaults
+
+    overrides = (
+        "trace.num_requests=60", f"cluster.kv_fault={kind}", "cluster.kv_fault_rate=0.3",
+        "cluster.kv_transfer_timeout_s=0.25", "seed=3",
+    )  # fmt: skip
+    sim, result, _ = simulate_disagg(*overrides)
+    faults = KVFaults(kind, 0.3, 3)
+    struck = {r.request_id for r in result.requests if faults.strikes(r.request_id)}
+    failed = {r.request_id for r in result.requests if r.kv_transfer_failed}
+    assert failed == struck and 5 < len(failed) < 40
+    assert all(r.status.name.startswith("FINISHED") for r in result.requests)
+    link = LinkSpec.preset("nvlink")
+    for r in result.requests:
+        took = r.kv_transfer_end - r.kv_transfer_start
+        if r.kv_transfer_failed:
+            assert took == pytest.approx(0.25 if kind == "hang" else link.latency_s)
+            assert r.kv_transfer_bytes == 0 and r.kv_recomputed_tokens == r.num_prompt_tokens - 1
+            assert r.first_token_time > r.kv_transfer_end
+        else:
+            assert r.kv_transfer_bytes > 0 and r.kv_recomputed_tokens == 0
+    assert_every_block_back(sim)
+    m = run(tmp_path, "cluster=disagg", *overrides)
+    assert m["kv_transfers_failed"] == len(failed) and m["kv_transfers"] == 60 - len(failed)
+    assert m["kv_recomputed_tokens"] == sum(r.kv_recomputed_tokens for r in result.requests)
+    # The decode replica computed the failed prompts, all but what its cache held.
+    steps = sim.steps.to_frame()
+    decode_prefill = steps[steps.replica == 1].num_prefill_tokens.sum()
+    recomputed = sum(r.kv_recomputed_tokens for r in result.requests)
+    assert recomputed > 0 and decode_prefill <= recomputed + len(failed)
+    assert decode_prefill >= recomputed - sum(
+        r.num_cached_tokens for r in result.requests if r.kv_transfer_failed
+    )
 
 
 def test_disaggregation_needs_both_pools(tmp_path):
@@ -136,6 +189,7 @@ def test_disaggregation_needs_both_pools(tmp_path):
         (),
         ("cluster.num_prefill=2", "cluster.num_decode=3", "cluster.link_bandwidth_bytes_s=5e7"),
         ("cluster.decider=uncached_prompt", "+cluster.decider_args.threshold=500"),
+        ("cluster.kv_fault=hang", "cluster.kv_fault_rate=0.2", "cluster.kv_transfer_timeout_s=0.3"),
     ],
 )
 def test_the_fast_path_gives_a_disaggregated_run_the_results_of_stepping(tmp_path, extra):
