@@ -96,15 +96,38 @@ def decode_horizon(sched: Scheduler, max_steps: int) -> int:
     return lo
 
 
-def advance_decode(sched: Scheduler, end_times: Sequence[float]) -> tuple[list[int], list[Request]]:
-    """Apply ``len(end_times)`` plain decode steps ending at these times (within the
-    horizon). Returns the number of blocks in use during each step, and the requests
-    that finished in the last."""
-    k = len(end_times)
+def decode_usage(sched: Scheduler, k: int) -> list[int]:
+    """The number of blocks in use during each of the next ``k`` plain decode steps
+    (within the horizon), without taking any."""
     kv = sched.kv
     bs = kv.block_size
     used = kv.num_blocks - kv.num_free_blocks
     grow = [0] * (k + 1)
+    blocks_of = kv.req_to_blocks
+    for req in sched.running:
+        # Step j computes the token at position c + j - 1, so needs c + j slots.
+        j = len(blocks_of[req.request_id]) * bs - req.num_computed_tokens + 1
+        while j <= k:
+            grow[j] += 1
+            j += bs
+    out = []
+    for j in range(1, k + 1):
+        used += grow[j]
+        out.append(used)
+    return out
+
+
+def advance_decode(
+    sched: Scheduler, end_times: Sequence[float], usage: list[int] | None = None
+) -> tuple[list[int], list[Request]]:
+    """Apply ``len(end_times)`` plain decode steps ending at these times (within the
+    horizon). Returns the number of blocks in use during each step (``usage``, if
+    :func:`decode_usage` gave it already), and the requests that finished in the last."""
+    k = len(end_times)
+    if usage is None:
+        usage = decode_usage(sched, k)
+    kv = sched.kv
+    bs = kv.block_size
     blocks_of = kv.req_to_blocks
     stand_ins = [STAND_IN_TOKEN] * k
     now = end_times[-1]
@@ -112,14 +135,8 @@ def advance_decode(sched: Scheduler, end_times: Sequence[float]) -> tuple[list[i
     running = sched.running
     for req in running:
         c = req.num_computed_tokens
-        # Step j computes the token at position c + j - 1, so needs c + j slots.
-        j = len(blocks_of[req.request_id]) * bs - c + 1
-        if j <= k:
-            while j <= k:
-                grow[j] += 1
-                j += bs
-            if kv.allocate_slots(req, k) is None:
-                raise AssertionError("advance_decode went past decode_horizon")
+        if len(blocks_of[req.request_id]) * bs < c + k and kv.allocate_slots(req, k) is None:
+            raise AssertionError("advance_decode went past decode_horizon")
         req.num_computed_tokens = c + k
         if req.first_token_time is None:  # its last prompt token was left for this step
             req.first_token_time = end_times[0]
@@ -138,8 +155,4 @@ def advance_decode(sched: Scheduler, end_times: Sequence[float]) -> tuple[list[i
         sched.retire(finished)
     sched.policy.on_decode_steps(running, k, finished, now)
     sched.advance_step_ids(k)
-    out = []
-    for j in range(1, k + 1):
-        used += grow[j]
-        out.append(used)
-    return out, finished
+    return usage[:k], finished

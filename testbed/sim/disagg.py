@@ -88,6 +88,12 @@ class DisaggSimulation(Simulation):
         if speed is not None:
             self.min_step_s *= speed.min_factor
         self.num_disaggregated = 0
+        # A decode replica's jumps need not stop for the arrivals and handovers that
+        # only read its KV usage (read from its planned steps); one delivered to it
+        # cuts its jump. The decider that reads its prefix cache needs it stepped.
+        if not self.decider.needs_cached_tokens:
+            for rep in self.replicas[num_prefill:]:
+                rep.interruptible = True
 
     def _pair(self, request: Request, now: float) -> Replica:
         """The decode replica for a request (the pairing router's choice)."""
@@ -111,6 +117,8 @@ class DisaggSimulation(Simulation):
         return self.dispatcher.done and not self.legs
 
     def next_event_time(self, replica: Replica) -> float:
+        if replica.interruptible:  # only a transfer into it changes it from outside
+            return self.transfers.next_event_time(replica.index)
         t = self.dispatcher.next_arrival_time
         if self.legs:
             # A prefill step hands its finished legs over as it ends; a replica

@@ -14,6 +14,8 @@ events. Between events, plain decode steps are applied in jumps (see
 
 from __future__ import annotations
 
+import bisect
+import contextlib
 import gc
 import math
 import time
@@ -25,7 +27,7 @@ import simpy
 
 from policies.routers import RoundRobin, Router
 from testbed.core import EngineCore, Request
-from testbed.core.fast_forward import advance_decode, decode_horizon
+from testbed.core.fast_forward import advance_decode, decode_horizon, decode_usage
 from testbed.core.policy import warn_of_costs
 from testbed.core.request import SERVED
 from testbed.metrics import RunResult, StepLog
@@ -61,16 +63,32 @@ class Replica:
         # While a step runs: when it ends, and whether requests finish with it.
         self.step_end = math.inf
         self.finishing = False
+        # Whether a delivery may cut its jumps short (set by the simulation), and
+        # while one waits to be applied its steps' start times and blocks in use
+        # (what kv_usage reads meanwhile).
+        self.interruptible = False
+        self.process: simpy.Process | None = None
+        self._cuttable = False
+        self._plan: tuple[np.ndarray, list[int]] | None = None
 
     def deliver(self, request: Request) -> None:
         self.inbox.append(request)
         self.num_outstanding += 1
         self.num_outstanding_tokens += request.num_prompt_tokens
-        self.wake()
+        if self._cuttable:  # in a jump: it ends with the step under way
+            self._cuttable = False
+            self.process.interrupt()
+        else:
+            self.wake()
 
     @property
     def kv_usage(self) -> float:
-        return self.engine.scheduler.kv.usage
+        kv = self.engine.scheduler.kv
+        if self._plan is None:
+            return kv.usage
+        starts, used = self._plan  # the step under way now: the last started
+        i = bisect.bisect_right(starts, self.sim.env.now) - 1
+        return used[min(max(i, 0), len(used) - 1)] / kv.num_blocks
 
     def wake(self) -> None:
         """Let the replica look again if it waits for an event (an arrival, KV)."""
@@ -96,7 +114,10 @@ class Replica:
                 self.idle = None
                 continue
             if sim.fast_forward and (k := decode_horizon(sched, MAX_JUMP)) > 0:
-                yield from self._jump(k, sched, log, latency_model)
+                if self.interruptible:
+                    yield from self._cuttable_jump(k, sched, log, latency_model)
+                else:
+                    yield from self._jump(k, sched, log, latency_model)
                 continue
             res = engine.step()
             log.add_result(self.index, res)
@@ -135,9 +156,46 @@ class Replica:
         if finished:
             self._finished(finished)
 
+    def _cuttable_jump(self, k: int, sched, log: StepLog, latency_model):
+        """One run of up to ``k`` plain decode steps, up to the next event that may
+        change this replica from outside (not one that only reads it: its KV usage
+        is read from the planned steps until they are applied). As stepping does,
+        the steps are applied as the last one starts; a delivery before then cuts
+        the run after the step under way (those that started before it)."""
+        env = self.sim.env
+        now = env.now
+        times, lat, m, shape = self._plan_run(
+            k, now, self.sim.next_event_time(self), sched, latency_model
+        )
+        usage = decode_usage(sched, m)
+        if m > 1:
+            self._plan = (times[:m], usage)
+            self._cuttable = True
+            try:
+                yield env.timeout(delay_to(now, times[m - 1]))
+            except simpy.Interrupt:
+                m = max(1, int(np.searchsorted(times[:m], env.now, side="left")))
+            self._cuttable = False
+            self._plan = None
+        finished = self._apply_run(times, lat, m, usage, shape, sched, log)
+        end = times[m]
+        while env.now < end:  # the step under way (a delivery: read as it ends)
+            with contextlib.suppress(simpy.Interrupt):
+                yield env.timeout(delay_to(env.now, end))
+        if finished:
+            self._finished(finished)
+
     def _decode_run(self, k, t, next_arrival, sched, log, latency_model):
         """Up to ``k`` decode steps from time ``t``, none starting at or after the
         next arrival (the first always runs). Returns the end time and who finished."""
+        times, lat, m, shape = self._plan_run(k, t, next_arrival, sched, latency_model)
+        finished = self._apply_run(times, lat, m, None, shape, sched, log)
+        return float(times[m]), finished
+
+    def _plan_run(self, k, t, next_arrival, sched, latency_model):
+        """The times of up to ``k`` decode steps from ``t``, none starting at or after
+        ``next_arrival`` (the first always runs): step boundaries ``times`` (``m +
+        1``), latencies, how many run ``m``, and the batch's shape."""
         n = len(sched.running)
         # The executor's speed trace (if any) applies to the fast path's steps too.
         speed: SpeedTrace | None = getattr(self.engine.executor, "speed", None)
@@ -158,8 +216,13 @@ class Replica:
         np.cumsum(times, out=times)  # sequential sums: the same floats as stepping
         # Step j (j >= 1) runs only if it starts before the next arrival.
         m = 1 + int(np.searchsorted(times[1:-1], next_arrival, side="left"))
+        return times, lat, m, (n, ctx, longest)
+
+    def _apply_run(self, times, lat, m, usage, shape, sched, log):
+        """Apply the first ``m`` planned steps and log them; who finished."""
+        n, ctx, longest = shape
         ends = times[1 : m + 1]
-        used, finished = advance_decode(sched, array("d", ends.tobytes()))
+        used, finished = advance_decode(sched, array("d", ends.tobytes()), usage)
         log.add_decode_steps(
             self.index,
             times[:m],
@@ -173,7 +236,7 @@ class Replica:
         )
         self.sim.num_jumps += 1
         self.sim.num_jumped_steps += m
-        return float(ends[-1]), finished
+        return finished
 
     def _finished(self, finished: Sequence[Request]) -> None:
         self.num_outstanding -= len(finished)
@@ -310,7 +373,7 @@ class Simulation:
         env = self.env
         env.process(self.dispatcher.run())
         for rep in self.replicas:
-            env.process(rep.run())
+            rep.process = env.process(rep.run())
         partial, reason, error = False, "finished", None
         # The loop allocates millions of small objects but makes no reference
         # cycles: the cyclic collector would only rescan a growing heap.

@@ -202,5 +202,11 @@ def test_the_fast_path_gives_a_disaggregated_run_the_results_of_stepping(tmp_pat
     for name in ("requests.csv", "steps.csv"):
         a, b = (pd.read_csv(tmp_path / n / name) for n in ("fast", "slow"))
         pd.testing.assert_frame_equal(a, b)
-    keys = [k for k in fast if k.startswith(("kv_", "ttft", "e2e", "tpot"))]
-    assert {k: fast[k] for k in keys} == {k: slow[k] for k in keys}
+    keys = [
+        k for k, v in fast.items()
+        if k.startswith(("kv_", "ttft", "e2e", "tpot")) and isinstance(v, int | float)
+    ]  # fmt: skip
+    assert fast["kv_link"] == slow["kv_link"]
+    # Equal but for the last bit of sums over the step log, which the two log in
+    # different orders (a jump's steps are logged together).
+    assert {k: fast[k] for k in keys} == pytest.approx({k: slow[k] for k in keys}, rel=1e-12)
