@@ -5,7 +5,8 @@ KV links.
 
 For each trace, load (``--rates``: requests per second *per instance*) and shape
 (``--shapes``, e.g. ``1P1D 4P4D 2P6D``), one simulation of the shape with each
-link (``--links``; the first link only for the shapes after the first two) and
+link (``--links``: presets, or ``name=bytes/s`` for a slower network; the first
+link only for the shapes after the first two) and
 one of as many colocated replicas (least outstanding requests), on the trace's
 first ``--num-requests`` requests. Attainment is
 counted for every SLO pair of ``--slos`` (``ttft:tpot`` in seconds) from the same
@@ -60,6 +61,15 @@ def attainment(df: pd.DataFrame, ttft: float, tpot: float) -> float:
     return float(ok.sum() / len(df))
 
 
+def parse_link(link: str) -> tuple[str, list[str]]:
+    """``"nvlink"`` (a preset) or ``"10GbE=1.25e9"`` (the infiniband preset's
+    latency with this bandwidth, bytes/s) -> (name, overrides)."""
+    if "=" not in link:
+        return link, [f"cluster.link={link}"]
+    name, bandwidth = link.split("=", 1)
+    return name, ["cluster.link=infiniband", f"cluster.link_bandwidth_bytes_s={bandwidth}"]
+
+
 def setups(shapes: list[str], links: list[str]) -> dict[str, tuple[int, list[str]]]:
     """Every run's name -> (instances, overrides): each shape with each link (the
     first link alone past the first two shapes), and colocated at each size."""
@@ -71,11 +81,12 @@ def setups(shapes: list[str], links: list[str]) -> dict[str, tuple[int, list[str
             coloc, (p + d, [f"cluster.num_replicas={p + d}", "cluster.router=least_outstanding"])
         )
         for link in links if i < 2 else links[:1]:
-            out[f"{shape} {link}"] = (
+            name, overrides = parse_link(link)
+            out[f"{shape} {name}"] = (
                 p + d,
                 [
                     "cluster=disagg", f"cluster.num_prefill={p}", f"cluster.num_decode={d}",
-                    f"cluster.link={link}",
+                    *overrides,
                 ],
             )  # fmt: skip
     return out
@@ -89,7 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-requests", type=int, default=4000, help="each trace's first N")
     ap.add_argument("--keep-steps", action="store_true", help="keep each run's steps.csv")
     ap.add_argument("--shapes", nargs="+", default=["1P1D", "4P4D", "2P6D"])
-    ap.add_argument("--links", nargs="+", default=["nvlink", "pcie", "infiniband"])
+    ap.add_argument(
+        "--links", nargs="+", default=["nvlink", "pcie", "infiniband", "10GbE=1.25e9"],
+        help="link presets, or name=bandwidth (bytes/s) on the infiniband preset's latency",
+    )  # fmt: skip
     ap.add_argument("--slos", nargs="+", default=["0.5:0.05", "0.5:0.02", "1:0.012"])
     ap.add_argument("--target", type=float, default=0.9)
     ap.add_argument("--model", default="llama3-8b")

@@ -8,7 +8,7 @@ the model's 8,192 tokens), replayed at ``--rate-per-replica`` times the cluster'
 size, each replica with a ``--kv-cache-gb`` KV cache (one that holds every
 prefix would make routing moot). One run per (cluster size, router).
 
-    python -m experiments.router_comparison [--replicas 4 8] [--rate-per-replica 6]
+    python -m experiments.router_comparison [--replicas 4 8] [--rate-per-replica 3]
 
 Prints the table; writes ``router_comparison.csv``, ``.json`` and ``manifest.json``
 to ``--out`` (``outputs/router_comparison``).
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--replicas", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--routers", nargs="+", default=sorted(ROUTERS), choices=sorted(ROUTERS))
-    ap.add_argument("--rate-per-replica", type=float, default=6.0)
+    ap.add_argument("--rate-per-replica", type=float, default=3.0)
     ap.add_argument("--prompt-scale", type=float, default=0.25)
     ap.add_argument(
         "--kv-cache-gb", type=float, default=4.0,

@@ -91,9 +91,9 @@ class DisaggSimulation(Simulation):
         # A decode replica's jumps need not stop for the arrivals and handovers that
         # only read its KV usage (read from its planned steps); one delivered to it
         # cuts its jump. The decider that reads its prefix cache needs it stepped.
-        if not self.decider.needs_cached_tokens:
-            for rep in self.replicas[num_prefill:]:
-                rep.interruptible = True
+        decider_reads_cache = self.decider.needs_cached_tokens
+        for rep in self.replicas:
+            rep.interruptible = rep.index >= num_prefill and not decider_reads_cache
 
     def _pair(self, request: Request, now: float) -> Replica:
         """The decode replica for a request (the pairing router's choice)."""

@@ -22,10 +22,11 @@ LINK_PRESETS: dict[str, dict[str, float | str]] = {
     # One 400 Gb/s InfiniBand NDR (or RoCE) NIC with GPUDirect RDMA.
     "infiniband": dict(latency_s=10e-6, bandwidth_bytes_s=50e9, source="IB NDR 400 Gb/s, RDMA"),
     # The real engine's transfer between two worker processes on the 2-core CPU VM
-    # (gloo over loopback, the pull through the parent included), as
-    # benchmarks/kv_transfer_cpu.py measured it (results/kv_transfer_cpu.json).
+    # (gloo over loopback, the pull through the parent, gather and scatter included),
+    # as benchmarks/kv_transfer_cpu.py measured it on 64 KB - 8 MB of KV
+    # (results/kv_transfer_cpu.json; held out: kv_transfer_cpu_heldout.json).
     "cpu": dict(
-        latency_s=1.5e-3, bandwidth_bytes_s=3.1e9, source="measured: 2 engine processes, gloo"
+        latency_s=1.94e-3, bandwidth_bytes_s=0.905e9, source="measured: 2 engine processes, gloo"
     ),
 }
 

@@ -27,7 +27,7 @@ import simpy
 
 from policies.routers import RoundRobin, Router
 from testbed.core import EngineCore, Request
-from testbed.core.fast_forward import advance_decode, decode_horizon, decode_usage
+from testbed.core.fast_forward import advance_decode, blocks_in_use_at, decode_horizon
 from testbed.core.policy import warn_of_costs
 from testbed.core.request import SERVED
 from testbed.metrics import RunResult, StepLog
@@ -64,12 +64,12 @@ class Replica:
         self.step_end = math.inf
         self.finishing = False
         # Whether a delivery may cut its jumps short (set by the simulation), and
-        # while one waits to be applied its steps' start times and blocks in use
-        # (what kv_usage reads meanwhile).
+        # while one waits to be applied its steps' start times (kv_usage meanwhile
+        # counts the blocks of the step under way).
         self.interruptible = False
         self.process: simpy.Process | None = None
         self._cuttable = False
-        self._plan: tuple[np.ndarray, list[int]] | None = None
+        self._plan: np.ndarray | None = None
 
     def deliver(self, request: Request) -> None:
         self.inbox.append(request)
@@ -86,9 +86,11 @@ class Replica:
         kv = self.engine.scheduler.kv
         if self._plan is None:
             return kv.usage
-        starts, used = self._plan  # the step under way now: the last started
-        i = bisect.bisect_right(starts, self.sim.env.now) - 1
-        return used[min(max(i, 0), len(used) - 1)] / kv.num_blocks
+        # The step under way now (the last started) has allocated its blocks.
+        i = bisect.bisect_right(self._plan, self.sim.env.now)
+        return blocks_in_use_at(self.engine.scheduler, min(max(i, 1), len(self._plan))) / (
+            kv.num_blocks
+        )
 
     def wake(self) -> None:
         """Let the replica look again if it waits for an event (an arrival, KV)."""
@@ -167,9 +169,8 @@ class Replica:
         times, lat, m, shape = self._plan_run(
             k, now, self.sim.next_event_time(self), sched, latency_model
         )
-        usage = decode_usage(sched, m)
         if m > 1:
-            self._plan = (times[:m], usage)
+            self._plan = times[:m]
             self._cuttable = True
             try:
                 yield env.timeout(delay_to(now, times[m - 1]))
@@ -177,7 +178,7 @@ class Replica:
                 m = max(1, int(np.searchsorted(times[:m], env.now, side="left")))
             self._cuttable = False
             self._plan = None
-        finished = self._apply_run(times, lat, m, usage, shape, sched, log)
+        finished = self._apply_run(times, lat, m, shape, sched, log)
         end = times[m]
         while env.now < end:  # the step under way (a delivery: read as it ends)
             with contextlib.suppress(simpy.Interrupt):
@@ -189,7 +190,7 @@ class Replica:
         """Up to ``k`` decode steps from time ``t``, none starting at or after the
         next arrival (the first always runs). Returns the end time and who finished."""
         times, lat, m, shape = self._plan_run(k, t, next_arrival, sched, latency_model)
-        finished = self._apply_run(times, lat, m, None, shape, sched, log)
+        finished = self._apply_run(times, lat, m, shape, sched, log)
         return float(times[m]), finished
 
     def _plan_run(self, k, t, next_arrival, sched, latency_model):
@@ -218,11 +219,11 @@ class Replica:
         m = 1 + int(np.searchsorted(times[1:-1], next_arrival, side="left"))
         return times, lat, m, (n, ctx, longest)
 
-    def _apply_run(self, times, lat, m, usage, shape, sched, log):
+    def _apply_run(self, times, lat, m, shape, sched, log):
         """Apply the first ``m`` planned steps and log them; who finished."""
         n, ctx, longest = shape
         ends = times[1 : m + 1]
-        used, finished = advance_decode(sched, array("d", ends.tobytes()), usage)
+        used, finished = advance_decode(sched, array("d", ends.tobytes()))
         log.add_decode_steps(
             self.index,
             times[:m],
@@ -335,6 +336,11 @@ class Simulation:
         clock = lambda: self.env.now  # noqa: E731
         self.replicas = [Replica(self, i, make_engine(i, clock)) for i in range(num_replicas)]
         self.dispatcher = Dispatcher(self, self.requests, router or RoundRobin())
+        # With several replicas an arrival goes to one: the others' jumps need not
+        # stop for it (the router reads their counts, which change only as their
+        # runs end, and their KV usage, read from the planned steps).
+        for rep in self.replicas:
+            rep.interruptible = num_replicas > 1
         if fast_forward:  # what the policy's hooks cost the jumps, said once per class
             warn_of_costs(self.replicas[0].engine.scheduler.policy)
 
@@ -348,9 +354,10 @@ class Simulation:
 
     def next_event_time(self, replica: Replica) -> float:
         """The earliest time anything outside ``replica`` may look at it or change
-        it: its fast path's jumps stop before then (here: the next arrival, which
-        a router may send anywhere after reading every replica's counts)."""
-        return self.dispatcher.next_arrival_time
+        it (for one whose jumps a delivery cuts: change it otherwise): its fast
+        path's jumps stop before then (here: the next arrival, which a router may
+        send anywhere after reading every replica's counts; nothing else)."""
+        return math.inf if replica.interruptible else self.dispatcher.next_arrival_time
 
     def on_finished(self, finished: Sequence[Request]) -> None:
         """Count them, pool the finished ones' token gaps and keep only counts of
