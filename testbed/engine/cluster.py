@@ -272,10 +272,11 @@ class PDRouting:
 
     def dispatch(self, req: Request, live: list[ReplicaState], router, now: float) -> None:
         prefill = [r for r in live if r.index < self.num_prefill]
-        decode = self._decode(req, live, now)
         split = self.decider is None or self.decider.disaggregate(req, req.num_prompt_tokens)
-        if decode is None or not prefill or not split:
-            (decode or live[0]).send(req)
+        if not prefill or not split or not any(r.index >= self.num_prefill for r in live):
+            # Whole, to a decode instance (the pairing asked once per request: here,
+            # or for a disaggregated one when its leg is back).
+            (self._decode(req, live, now) or live[0]).send(req)
             return
         leg = prefill_leg(req)
         self.legs[leg.request_id] = req

@@ -6,20 +6,22 @@ An arrival that the decider disaggregates goes, as a one-token "prefill leg"
 the prefill replica the router picks; when the leg finishes there its blocks
 stay allocated (the producer's connector) and the request itself goes to the
 decode replica the pairing router picks (``cluster.pairing``, by default the
-least KV usage), whose connector loads the
-prompt's KV (all but the last token, which it computes to sample the first
-output token); the load moves over the link between the two replicas
-(:mod:`testbed.sim.kv_transfer`), and as it ends the decode side runs the
-request and the prefill side frees the leg's blocks. TTFT includes the prefill,
-the transfer and the decode side's first step. An arrival the decider keeps
-whole goes to the decode replica the pairing picks and is served there.
+least KV usage; asked at arrival instead when the decider looks up what that
+replica has cached), whose connector loads the prompt's KV (all but the last
+token, which it computes to sample the first output token); the load moves over
+the link between the two replicas (:mod:`testbed.sim.kv_transfer`), and as it
+ends the decode side runs the request and the prefill side frees the leg's
+blocks. TTFT includes the prefill, the transfer and the decode side's first
+step. An arrival the decider keeps whole goes to the decode replica the pairing
+picks and is served there.
 
-The fast path's jumps stop before the next event that may touch a replica: an
-arrival (the decider and pairing read the decode replicas), a prefill step that
-ends with finished legs (each handed to a decode replica chosen by its KV usage
-then), a transfer out of or into it ending (blocks freed, a request ready).
-Processor sharing only delays a transfer already under way, so a link's next
-finish is a safe bound.
+The fast path: prefill replicas never jump (a leg ends with its prefill). A
+decode replica's jumps are cut by a request delivered to it and bounded only by
+a transfer into it ending or failing (the pairing reads its KV usage from the
+planned steps: ``Replica.kv_usage``); with a decider that reads its prefix
+cache, they stop before every event that may touch it instead: an arrival, a
+prefill step that may end with finished legs, a transfer. Processor sharing only
+delays a transfer already under way, so a link's next finish is a safe bound.
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ class DisaggSimulation(Simulation):
         for i, rep in enumerate(self.replicas):
             rep.engine.executor.kv_transfers = lambda meta, i=i: self.transfers.start(i, meta)
         self.legs: dict[str, Request] = {}  # prefill leg id -> its request
+        self.paired: dict[str, Replica] = {}  # request id -> its decode replica, if chosen
         # No step is shorter (latency models are monotone in every feature).
         self.min_step_s = latency_model.predict(1, 1, 1.0, 1, 1)
         speed = getattr(self.replicas[0].engine.executor, "speed", None)
@@ -100,15 +103,20 @@ class DisaggSimulation(Simulation):
         return self.decode_pool[self.pairing.route(request, self.decode_pool, now)].replica
 
     def route(self, request: Request, now: float) -> None:
-        uncached = request.num_prompt_tokens
-        decode = self._pair(request, now)
+        # The pairing is asked once per request: here if the decider must know
+        # what the decode replica holds (that replica then takes the request after
+        # its prefill), or if the request stays whole; else when its leg is back.
+        uncached, decode = request.num_prompt_tokens, None
         if self.decider.needs_cached_tokens:
+            decode = self._pair(request, now)
             uncached -= decode.engine.scheduler.prefix_hit_tokens(request)
         if not self.decider.disaggregate(request, uncached):
-            decode.deliver(request)
+            (decode or self._pair(request, now)).deliver(request)
             return
         leg = prefill_leg(request)
         self.legs[leg.request_id] = request
+        if decode is not None:
+            self.paired[request.request_id] = decode
         self.num_disaggregated += 1
         pool = self.prefill_pool
         pool[self.dispatcher.router.route(leg, pool, now)].replica.deliver(leg)
@@ -137,8 +145,10 @@ class DisaggSimulation(Simulation):
             if original is None:
                 users.append(req)
             elif hand_over(req, original):
-                self._pair(original, self.env.now).deliver(original)
+                decode = self.paired.pop(original.request_id, None)
+                (decode or self._pair(original, self.env.now)).deliver(original)
             else:  # the leg was refused or aborted: so is the request
+                self.paired.pop(original.request_id, None)
                 users.append(original)
         if users:
             super().on_finished(users)

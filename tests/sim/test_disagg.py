@@ -210,3 +210,25 @@ def test_the_fast_path_gives_a_disaggregated_run_the_results_of_stepping(tmp_pat
     # Equal but for the last bit of sums over the step log, which the two log in
     # different orders (a jump's steps are logged together).
     assert {k: fast[k] for k in keys} == pytest.approx({k: slow[k] for k in keys}, rel=1e-12)
+
+
+@pytest.mark.parametrize("decider", ["always", "uncached_prompt"])
+def test_the_pairing_is_asked_once_per_request(monkeypatch, decider):
+    """At the handover (or at arrival, for a decider that looks up the decode
+    replica's cache, which then takes the request): a stateful pairing such as
+    round robin turns once per request."""
+    from policies.routers import RoundRobin
+
+    calls: list[str] = []
+    choose = RoundRobin.choose
+
+    def counted(self, request, replicas, now):
+        calls.append(request.request_id)
+        return choose(self, request, replicas, now)
+
+    monkeypatch.setattr(RoundRobin, "choose", counted)
+    _, result, _ = simulate_disagg(
+        "trace.num_requests=40", "cluster.num_decode=3", "cluster.pairing=round_robin",
+        f"cluster.decider={decider}", "cluster.router=least_outstanding",
+    )  # fmt: skip
+    assert sorted(calls) == sorted(r.request_id for r in result.requests)
