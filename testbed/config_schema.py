@@ -113,6 +113,9 @@ class ClusterConfig:
     # The decode replica for a disaggregated request: any router (policies/routers.py).
     pairing: str = "least_kv_usage"
     pairing_args: dict[str, Any] = field(default_factory=dict)
+    # The real engine's KV transport (torch.distributed): auto (gloo on a CPU, nccl
+    # on GPUs) | gloo | nccl.
+    kv_backend: str = "auto"
     # A KV receive not done within this many seconds has failed: the decode replica
     # computes the prompt itself and the prefill replica frees the blocks it kept.
     kv_transfer_timeout_s: float = 30.0
@@ -265,6 +268,7 @@ RANGES: dict[tuple[str, str], tuple[Any, str]] = {
     ("cluster", "link_bandwidth_bytes_s"): (_positive, "null or > 0"),
     ("cluster", "decider"): (lambda x: x in DECIDERS, f"one of {', '.join(sorted(DECIDERS))}"),
     ("cluster", "kv_transfer_timeout_s"): (_positive, "> 0"),
+    ("cluster", "kv_backend"): (lambda x: x in ("auto", "gloo", "nccl"), "auto, gloo or nccl"),
     ("cluster", "kv_fault"): (lambda x: x in FAULT_KINDS, f"one of {', '.join(FAULT_KINDS)}"),
     ("cluster", "kv_fault_rate"): (lambda x: 0 <= x <= 1, "within [0, 1]"),
     ("mode", "latency_scale"): (_positive, "> 0"),

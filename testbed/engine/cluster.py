@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from multiprocessing.connection import wait
 
+import torch
 import torch.multiprocessing as mp
 
 from policies.routers import LeastKVUsage, PoolView
@@ -31,7 +32,9 @@ from testbed.core import Request, RequestStatus, WallClock
 from testbed.core.kv_connector import hand_over, prefill_leg
 from testbed.core.kv_faults import KVFaults
 from testbed.engine.args import EngineArgs
+from testbed.engine.device import pick_device
 from testbed.engine.worker import worker_main
+from testbed.errors import InputError
 from testbed.metrics import RunResult, StepLog
 
 START_TIMEOUT_S = 600.0  # a worker that has not built its engine by then has failed
@@ -68,13 +71,36 @@ class ReplicaState:
         return req
 
 
-def worker_args(args: EngineArgs, num_replicas: int) -> EngineArgs:
-    """Each worker's engine: on a CPU, the cores shared out (one torch thread per
-    core, not every worker on every core) unless ``threads`` says otherwise."""
-    if args.threads is None and (args.device or "cpu") == "cpu":
+def worker_args(args: EngineArgs, num_replicas: int, index: int) -> EngineArgs:
+    """Worker ``index``'s engine: on a CPU, the cores shared out (one torch thread
+    per core, not every worker on every core) unless ``threads`` says otherwise; on
+    GPUs, one each in turn (``cuda:<index mod GPUs>``)."""
+    device = pick_device(args.device)
+    if device.type == "cuda" and device.index is None:
+        return replace(args, device=f"cuda:{index % torch.cuda.device_count()}")
+    if args.threads is None and device.type == "cpu":
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
         return replace(args, threads=max(1, cores // num_replicas))
     return args
+
+
+def kv_group_backend(args: EngineArgs, num_replicas: int, backend: str = "auto") -> str:
+    """The torch.distributed backend of a disaggregated cluster's KV group: ``auto``
+    is gloo on a CPU, nccl on GPUs (which needs a GPU per engine process)."""
+    device = pick_device(args.device)
+    if backend == "auto":
+        backend = "gloo" if device.type == "cpu" else "nccl"
+    if backend == "nccl" and (device.type != "cuda" or torch.cuda.device_count() < num_replicas):
+        have = torch.cuda.device_count() if device.type == "cuda" else 0
+        raise InputError(
+            f"cluster.kv_backend=nccl: needs a GPU per engine process ({num_replicas}), "
+            f"this machine has {have}"
+        )
+    if backend == "gloo" and device.type != "cpu":
+        raise InputError(
+            "cluster.kv_backend=gloo: the KV cache is on a GPU here; gloo moves CPU tensors"
+        )
+    return backend
 
 
 def replay_cluster(
@@ -90,30 +116,31 @@ def replay_cluster(
     pairing=None,
     faults: KVFaults | None = None,
     kv_timeout_s: float = float("inf"),
+    kv_backend: str = "auto",
 ) -> RunResult:
     """Replay ``requests`` on ``num_replicas`` engine processes; the run's records
     (``requests`` as they came back, in their order) and merged step log. With
     ``num_prefill``, the first that many are prefill instances and the rest decode
     instances (disaggregated: :class:`PDRouting`; ``faults`` injected into their KV
-    transfers, a receive not done in ``kv_timeout_s`` failed)."""
+    transfers, a receive not done in ``kv_timeout_s`` failed; ``kv_backend``: the
+    torch.distributed backend, ``auto``: gloo on a CPU, nccl on GPUs)."""
     ctx = mp.get_context("spawn")
-    wargs = worker_args(args, num_replicas)
     pd_routing = PDRouting(num_prefill, decider, pairing or LeastKVUsage()) if num_prefill else None
     dist_init = None
     if pd_routing is not None:
-        backend = "gloo" if (args.device or "cpu") == "cpu" else "nccl"
+        backend = kv_group_backend(args, num_replicas, kv_backend)
         dist_init = (f"tcp://127.0.0.1:{free_port()}", num_replicas, backend)
     replicas: list[ReplicaState] = []
     for i in range(num_replicas):
         inbox = ctx.Queue()
         reader, writer = ctx.Pipe(duplex=False)
-        own = wargs
+        own = worker_args(args, num_replicas, i)
         if pd_routing is not None:
             role = "kv_producer" if i < num_prefill else "kv_consumer"
             kv_cfg = {"kv_role": role, "kv_rank": i, "kv_timeout_s": kv_timeout_s}
             if faults is not None:
                 kv_cfg["kv_faults"] = asdict(faults)
-            own = replace(wargs, kv_transfer_config=kv_cfg)
+            own = replace(own, kv_transfer_config=kv_cfg)
         proc = ctx.Process(
             target=worker_main,
             args=(i, own, inbox, writer, model, dist_init),

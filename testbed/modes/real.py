@@ -124,6 +124,7 @@ def run_cluster(cfg, args, model, requests, spec, on_progress):
         pairing=pairing(cfg) if disagg else None,
         faults=kv_faults(cfg) if disagg else None,
         kv_timeout_s=c.kv_transfer_timeout_s,
+        kv_backend=c.kv_backend,
     )
     stats = result.extra.pop("replica_stats")
     hits = sum(s.get("prefix_hits", 0) for s in stats)

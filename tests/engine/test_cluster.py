@@ -223,3 +223,13 @@ def test_a_decode_process_that_dies_has_the_prefill_process_free_its_kv():
     assert tuple(tuple(r.output_token_ids) for r in result.requests) == alone_cached(12, 120)
     prefill, _, decode = result.extra["replica_stats"]
     assert prefill["kv_blocks_held"] == 0 and decode["kv_blocks_held"] == 0
+
+
+def test_the_kv_groups_backend_follows_the_device_and_can_be_set():
+    from testbed.engine.cluster import kv_group_backend
+    from testbed.errors import InputError
+
+    cpu = EngineArgs(model="dummy-llama", device="cpu")
+    assert kv_group_backend(cpu, 2) == "gloo" and kv_group_backend(cpu, 2, "gloo") == "gloo"
+    with pytest.raises(InputError, match="kv_backend=nccl: needs a GPU per engine process"):
+        kv_group_backend(cpu, 2, "nccl")
