@@ -51,20 +51,35 @@ def sha1(path: Path) -> str:
     return hashlib.sha1(Path(path).read_bytes()).hexdigest()
 
 
+def _checkout() -> tuple[str | None, bool | None]:
+    """The checkout's commit, and whether tracked files differ from it."""
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return git("rev-parse", "HEAD"), None if status is None else bool(status)
+
+
+# The code an experiment runs is what was checked out when it started (its modules
+# are loaded then), not at its end, when the manifest is written.
+_AT_START = _checkout()
+
+
 def write_manifest(
     folder: Path,
     command: str | None = None,
     profiles: Iterable[Path] = (),
     **extra,
 ) -> Path:
-    """``folder/manifest.json`` for a result produced now: the checkout's commit
-    (and whether tracked files differed from it), ``command`` (default: this
-    process's command line), the host, the sha1 of each profile table in
-    ``profiles``, the date (UTC) and ``extra``."""
-    status = git("status", "--porcelain", "--untracked-files=no")
+    """``folder/manifest.json`` for a result produced by this process: the
+    checkout's commit when the process started (and whether tracked files
+    differed from it; the commit at the end too, where it moved), ``command``
+    (default: this process's command line), the host, the sha1 of each profile
+    table in ``profiles``, the date (UTC) and ``extra``."""
+    sha, dirty = _AT_START
+    now_sha, now_dirty = _checkout()
+    moved = {} if (now_sha, now_dirty) == (sha, dirty) else {"git_sha_at_end": now_sha}
     manifest = dict(
-        git_sha=git("rev-parse", "HEAD"),
-        git_dirty=None if status is None else bool(status),
+        git_sha=sha,
+        git_dirty=dirty,
+        **moved,
         command=command or shlex.join(sys.orig_argv),
         host=dict(name=platform.node(), cpu=cpu(), platform=platform.platform()),
         profile_sha1={str(p): sha1(p) for p in sorted(set(map(Path, profiles)))},

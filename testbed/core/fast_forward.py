@@ -96,14 +96,6 @@ def decode_horizon(sched: Scheduler, max_steps: int) -> int:
     return lo
 
 
-def blocks_in_use_at(sched: Scheduler, j: int) -> int:
-    """The number of blocks in use during the ``j``-th next plain decode step
-    (within the horizon), without taking any."""
-    kv, running = sched.kv, sched.running
-    have = [len(kv.req_to_blocks[r.request_id]) for r in running]
-    return kv.num_blocks - kv.num_free_blocks + _new_blocks(running, have, kv.block_size, j)
-
-
 def decode_usage(sched: Scheduler, k: int) -> list[int]:
     """The number of blocks in use during each of the next ``k`` plain decode steps
     (within the horizon), without taking any."""
@@ -125,12 +117,15 @@ def decode_usage(sched: Scheduler, k: int) -> list[int]:
     return out
 
 
-def advance_decode(sched: Scheduler, end_times: Sequence[float]) -> tuple[list[int], list[Request]]:
+def advance_decode(
+    sched: Scheduler, end_times: Sequence[float], usage: list[int] | None = None
+) -> tuple[list[int], list[Request]]:
     """Apply ``len(end_times)`` plain decode steps ending at these times (within the
-    horizon). Returns the number of blocks in use during each step, and the requests
+    horizon). Returns the number of blocks in use during each step (``usage``: what
+    :func:`decode_usage` said of them, if it was asked already), and the requests
     that finished in the last."""
     k = len(end_times)
-    usage = decode_usage(sched, k)
+    usage = decode_usage(sched, k) if usage is None else usage[:k]
     kv = sched.kv
     bs = kv.block_size
     blocks_of = kv.req_to_blocks

@@ -27,7 +27,7 @@ import simpy
 
 from policies.routers import RoundRobin, Router
 from testbed.core import EngineCore, Request
-from testbed.core.fast_forward import advance_decode, blocks_in_use_at, decode_horizon
+from testbed.core.fast_forward import advance_decode, decode_horizon, decode_usage
 from testbed.core.policy import warn_of_costs
 from testbed.core.request import SERVED
 from testbed.metrics import RunResult, StepLog
@@ -70,6 +70,7 @@ class Replica:
         self.process: simpy.Process | None = None
         self._cuttable = False
         self._plan: np.ndarray | None = None
+        self._plan_usage: list[int] | None = None  # its steps' blocks in use, once read
 
     def deliver(self, request: Request) -> None:
         self.inbox.append(request)
@@ -86,11 +87,11 @@ class Replica:
         kv = self.engine.scheduler.kv
         if self._plan is None:
             return kv.usage
+        if self._plan_usage is None:  # asked once per jump, if at all
+            self._plan_usage = decode_usage(self.engine.scheduler, len(self._plan))
         # The step under way now (the last started) has allocated its blocks.
-        i = bisect.bisect_right(self._plan, self.sim.env.now)
-        return blocks_in_use_at(self.engine.scheduler, min(max(i, 1), len(self._plan))) / (
-            kv.num_blocks
-        )
+        i = bisect.bisect_right(self._plan, self.sim.env.now) - 1
+        return self._plan_usage[min(max(i, 0), len(self._plan) - 1)] / kv.num_blocks
 
     def wake(self) -> None:
         """Let the replica look again if it waits for an event (an arrival, KV)."""
@@ -178,7 +179,8 @@ class Replica:
                 m = max(1, int(np.searchsorted(times[:m], env.now, side="left")))
             self._cuttable = False
             self._plan = None
-        finished = self._apply_run(times, lat, m, shape, sched, log)
+        usage, self._plan_usage = self._plan_usage, None
+        finished = self._apply_run(times, lat, m, shape, sched, log, usage)
         end = times[m]
         while env.now < end:  # the step under way (a delivery: read as it ends)
             with contextlib.suppress(simpy.Interrupt):
@@ -219,11 +221,11 @@ class Replica:
         m = 1 + int(np.searchsorted(times[1:-1], next_arrival, side="left"))
         return times, lat, m, (n, ctx, longest)
 
-    def _apply_run(self, times, lat, m, shape, sched, log):
+    def _apply_run(self, times, lat, m, shape, sched, log, usage=None):
         """Apply the first ``m`` planned steps and log them; who finished."""
         n, ctx, longest = shape
         ends = times[1 : m + 1]
-        used, finished = advance_decode(sched, array("d", ends.tobytes()))
+        used, finished = advance_decode(sched, array("d", ends.tobytes()), usage)
         log.add_decode_steps(
             self.index,
             times[:m],
