@@ -75,7 +75,9 @@ def write_manifest(
     table in ``profiles``, the date (UTC) and ``extra``."""
     sha, dirty = _AT_START
     now_sha, now_dirty = _checkout()
-    moved = {} if (now_sha, now_dirty) == (sha, dirty) else {"git_sha_at_end": now_sha}
+    moved = {}
+    if (now_sha, now_dirty) != (sha, dirty):  # edited while it ran: what ran is the start's
+        moved = {"git_sha_at_end": now_sha, "git_dirty_at_end": now_dirty}
     manifest = dict(
         git_sha=sha,
         git_dirty=dirty,
