@@ -30,6 +30,7 @@ from testbed.engine.spec_config import SpeculativeConfig
 from testbed.errors import InputError
 from testbed.hardware import HardwareSpec
 from testbed.models import PROJECT_ROOT
+from testbed.report.rundir import STEPS_FORMATS
 from testbed.sim.link import LINK_PRESETS
 
 # --- engine and cluster ---
@@ -325,6 +326,11 @@ def validate(cfg: DictConfig) -> None:
         SpeculativeConfig.of(vllm_fields(spec))
     except ValueError as e:
         raise InputError(str(e).replace("speculative_config.", "engine.speculative.")) from e
+    steps_format = cfg.get("outputs", {}).get("steps_format", "csv")
+    if steps_format not in STEPS_FORMATS:
+        raise InputError(
+            f"outputs.steps_format={steps_format}: must be one of {', '.join(STEPS_FORMATS)}"
+        )
     for group in ("trace", "policy"):
         if missing := sorted(OmegaConf.missing_keys(cfg[group])):
             raise InputError(f"{group}={cfg[group].name} needs {missing[0]}=<value>")

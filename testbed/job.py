@@ -26,7 +26,7 @@ from testbed.metrics.records import requests_frame
 from testbed.metrics.summary import summarize
 from testbed.modes.sim import simulate
 from testbed.report.console import print_summary
-from testbed.report.plots import write_plots
+from testbed.report.plots import timeline, write_plots
 from testbed.report.progress import Progress
 from testbed.report.rundir import (
     claim,
@@ -138,13 +138,14 @@ def report(
     go to a fallback folder, and the summary says where."""
     metrics["wall_s"] = time.perf_counter() - wall_start
     print_summary(metrics)
+    series = timeline(result.steps)
     try:
-        plots = write_run_dir(cfg, run_dir, result, req_df, metrics)
+        plots = write_run_dir(cfg, run_dir, result, req_df, metrics, series)
     except OSError as e:
         fallback = Path(tempfile.mkdtemp(prefix=f"{run_dir.name}-", dir=tempfile.gettempdir()))
         print(f"  WARNING: cannot write the run directory {run_dir} ({e}); writing to {fallback}")
         run_dir = fallback
-        plots = write_run_dir(cfg, run_dir, result, req_df, metrics)
+        plots = write_run_dir(cfg, run_dir, result, req_df, metrics, series)
     print(f"  run directory: {run_dir}")
     log_run(
         wandb_settings(cfg, metrics),
@@ -153,7 +154,7 @@ def report(
         logged_config(cfg, load),
         metrics,
         req_df,
-        result.steps,
+        series,
         plots,
     )
 
@@ -164,10 +165,13 @@ def write_run_dir(
     result: RunResult,
     req_df: pd.DataFrame,
     metrics: dict[str, Any],
+    series: pd.DataFrame,
 ) -> list[Path]:
-    """The run directory's files (docs/outputs.md); the plots written."""
+    """The run directory's files (docs/outputs.md); the plots written. ``series``:
+    the binned step series (``timeline.csv``)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_tables(run_dir, req_df, result.steps)
+    write_tables(run_dir, req_df, result.steps, cfg.outputs.steps_format)
+    series.to_csv(run_dir / "timeline.csv", index=False, float_format="%.6g")
     if result.extra.get("idle_probe") is not None:
         write_idle_probe(run_dir, result.extra["idle_probe"])
     if result.extra.get("reference_probe") is not None:
@@ -175,6 +179,6 @@ def write_run_dir(
     if result.extra.get("spec_acceptance") is not None:
         write_spec_acceptance(run_dir, result.extra["spec_acceptance"])
     title = f"{metrics['policy']} on {cfg.trace.name}"
-    plots = write_plots(run_dir, req_df, result.steps, title) if cfg.plots else []
+    plots = write_plots(run_dir, req_df, series, title) if cfg.plots else []
     write_metrics(run_dir, metrics)
     return plots

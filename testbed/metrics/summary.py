@@ -29,6 +29,9 @@ Definitions (times in seconds, rates per second):
 * kv_usage_mean weights each step by its latency (a time average).
 * tenant_service_jain: Jain's index over tenants of (tokens served / tokens
   asked for); 1.0 when every tenant got the same share of what it asked.
+* per_tenant: for each tenant, its requests, finished requests, TTFT, TPOT and
+  E2E means and p99s, tokens asked for and served (prompt + output), its
+  service share (served / asked) and SLO attainment.
 """
 
 from __future__ import annotations
@@ -125,6 +128,30 @@ def _jain(x: np.ndarray) -> float:
     return float(x.sum() ** 2 / (len(x) * (x**2).sum())) if len(x) and (x**2).sum() > 0 else 1.0
 
 
+def per_tenant(df: pd.DataFrame, done: pd.DataFrame, met: pd.Series) -> dict[str, dict]:
+    """Each tenant's counts, latencies, tokens and SLO attainment (the module
+    docstring), by tenant name."""
+    out = {}
+    done_by = dict(tuple(done.groupby("tenant", sort=False)))
+    met_by = met.groupby(done["tenant"], sort=False).sum()
+    for tenant, rows in df.groupby("tenant", sort=True):
+        fin = done_by.get(tenant, done.iloc[:0])
+        asked = float(rows["prompt_tokens"].sum() + rows["output_tokens"].sum())
+        served = float(fin["prompt_tokens"].sum() + fin["output_tokens"].sum())
+        stats = {"num_requests": len(rows), "num_finished": len(fin)}
+        for name in ("ttft_s", "tpot_s", "e2e_s"):
+            values = _stats(name, fin[name].to_numpy(float))
+            stats |= {k: values[k] for k in (f"{name}_mean", f"{name}_p99")}
+        stats |= {
+            "asked_tokens": asked,
+            "served_tokens": served,
+            "service_share": served / asked if asked > 0 else math.nan,
+            "slo_attainment": float(met_by.get(tenant, 0)) / len(rows),
+        }
+        out[str(tenant)] = stats
+    return out
+
+
 def step_totals(steps: StepLog) -> dict[str, float]:
     """Over every step: when the last ended (``end``), busy time (the latencies'
     sum), KV usage x latency (``kv_time``) and the highest KV usage; a piece of
@@ -188,6 +215,7 @@ def summarize(result: RunResult, df: pd.DataFrame | None = None) -> dict[str, fl
     asked = df.groupby("tenant")[["prompt_tokens", "output_tokens"]].sum().sum(axis=1)
     served = done.groupby("tenant")[["prompt_tokens", "output_tokens"]].sum().sum(axis=1)
     m["tenant_service_jain"] = _jain((served.reindex(asked.index).fillna(0) / asked).to_numpy())
+    m["per_tenant"] = per_tenant(df, done, met)
     # Disaggregated prefill/decode, either mode: the transfers that moved KV (a
     # failed one moved none: its request recomputed the prompt).
     moved = df[(df["kv_transfer_bytes"] > 0) & ~df["kv_transfer_failed"]]

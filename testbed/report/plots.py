@@ -1,5 +1,7 @@
 """A run's plots: TTFT and TPOT CDFs, and queue length, batch size and KV usage
-over time (written to the run directory and logged to W&B)."""
+over time (written to the run directory and logged to W&B); and the binned
+series those are drawn from (``timeline.csv``, which W&B and the sweep
+dashboard read too)."""
 
 from __future__ import annotations
 
@@ -37,8 +39,23 @@ def binned(
     return centers, {n: sums[n][keep] / counts[keep] for n in names}
 
 
-def write_plots(run_dir: Path, requests: pd.DataFrame, steps: StepLog, title: str) -> list[Path]:
-    """TTFT and TPOT CDFs; queue length, batch size and KV usage over time."""
+# The step columns over time that a run directory keeps, binned (timeline.csv)
+TIMELINE = ("num_waiting", "num_running", "num_reqs", "kv_usage", "latency_s")
+TIMELINE_BINS = 500
+
+
+def timeline(steps: StepLog, bins: int = TIMELINE_BINS) -> pd.DataFrame:
+    """:data:`TIMELINE`'s columns over time: their means in ``bins`` bins of step
+    start time (``time_s``: the bin's centre), or every step where fewer."""
+    times, series = binned(steps, TIMELINE, bins=bins)
+    return pd.DataFrame({"time_s": times, **series})
+
+
+def write_plots(
+    run_dir: Path, requests: pd.DataFrame, series: pd.DataFrame, title: str
+) -> list[Path]:
+    """TTFT and TPOT CDFs; queue length, batch size and KV usage over time (from
+    :func:`timeline`'s ``series``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -56,12 +73,11 @@ def write_plots(run_dir: Path, requests: pd.DataFrame, steps: StepLog, title: st
         paths.append(run_dir / f"{col.removesuffix('_s')}_cdf.png")
         fig.savefig(paths[-1], dpi=110)
         plt.close(fig)
-    series = (("num_waiting", "queue length"), ("num_reqs", "batch size"), ("kv_usage", "KV usage"))
-    t, means = binned(steps, [name for name, _ in series])
+    shown = (("num_waiting", "queue length"), ("num_reqs", "batch size"), ("kv_usage", "KV usage"))
     fig, axes = plt.subplots(3, 1, figsize=(7, 6), sharex=True)
-    for ax, (name, label) in zip(axes, series, strict=True):
-        if t.size:
-            ax.plot(t, means[name], lw=1)
+    for ax, (name, label) in zip(axes, shown, strict=True):
+        if len(series):
+            ax.plot(series["time_s"], series[name], lw=1)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     axes[-1].set_xlabel("time (s)")

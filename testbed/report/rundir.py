@@ -1,7 +1,8 @@
 """The run directory's files: ``metrics.json``, ``requests.csv``, ``steps.csv``,
 and the probes' samples where a real run took them.
 
-The same files in both modes, so that ``experiments/`` can join a simulated and
+``outputs.steps_format=parquet`` writes ``steps.parquet`` instead of
+``steps.csv``. The same files in both modes, so that ``experiments/`` can join a simulated and
 a real run of the same trace request by request (``docs/outputs.md``).
 """
 
@@ -27,6 +28,10 @@ def _jsonable(v: Any) -> Any:
         return None  # JSON has no NaN; absent values are null
     if isinstance(v, np.generic):
         return _jsonable(v.item())
+    if isinstance(v, dict):
+        return {k: _jsonable(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_jsonable(x) for x in v]
     return v
 
 
@@ -36,25 +41,65 @@ def write_metrics(run_dir: Path, metrics: dict[str, Any]) -> Path:
     return path
 
 
-PIECE_ROWS = 1 << 18  # steps.csv is written this many rows at a time
+PIECE_ROWS = 1 << 18  # steps are written this many rows at a time
+STEPS_FORMATS = ("csv", "parquet")
 
 
-def write_tables(run_dir: Path, requests: pd.DataFrame, steps: StepLog) -> None:
-    """``requests.csv`` and ``steps.csv``, written a piece at a time (a text copy of
-    a million rows at once would take gigabytes)."""
-    requests.to_csv(
-        run_dir / "requests.csv", index=False
-    )  # pandas writes a few thousand rows at a time
-    with open(run_dir / "steps.csv", "w", newline="") as f:
-        row = 0
+def write_tables(
+    run_dir: Path, requests: pd.DataFrame, steps: StepLog, steps_format: str = "csv"
+) -> Path:
+    """``requests.csv`` and the step log (``steps.csv`` or ``steps.parquet``, by
+    ``steps_format``); returns the step log's path."""
+    requests.to_csv(run_dir / "requests.csv", index=False)
+    return write_steps(run_dir, steps, steps_format)
+
+
+def write_steps(run_dir: Path, steps: StepLog, steps_format: str = "csv") -> Path:
+    """The step log with a ``step`` number first, written with pyarrow a piece at a
+    time (pandas' CSV writer takes seconds per million rows; a text copy of the
+    whole log would take gigabytes)."""
+    import pyarrow as pa
+
+    if steps_format not in STEPS_FORMATS:
+        raise ValueError(f"steps_format={steps_format!r}: one of {STEPS_FORMATS}")
+    path = run_dir / f"steps.{steps_format}"
+    writer, row = None, 0
+    try:
         for frame in steps.frames(PIECE_ROWS):
             frame.insert(0, "step", np.arange(row, row + len(frame)))
-            frame.to_csv(f, index=False, header=row == 0, float_format="%.9g")
+            table = pa.Table.from_pandas(frame, preserve_index=False)
+            writer = writer or _steps_writer(path, table.schema, steps_format)
+            writer.write_table(table)
             row += len(frame)
-        if row == 0:  # the header alone
+        if writer is None:  # no steps: the columns alone
             empty = steps.to_frame()
             empty.insert(0, "step", np.arange(0))
-            empty.to_csv(f, index=False)
+            table = pa.Table.from_pandas(empty, preserve_index=False)
+            writer = _steps_writer(path, table.schema, steps_format)
+            writer.write_table(table)
+    finally:
+        if writer is not None:
+            writer.close()
+    return path
+
+
+def _steps_writer(path: Path, schema, steps_format: str):
+    if steps_format == "parquet":
+        import pyarrow.parquet as pq
+
+        return pq.ParquetWriter(path, schema)
+    import pyarrow.csv as pacsv
+
+    options = pacsv.WriteOptions(quoting_style="none", quoting_header="none")
+    return pacsv.CSVWriter(path, schema, write_options=options)
+
+
+def read_steps(run_dir: Path, columns: list[str] | None = None) -> pd.DataFrame:
+    """A run's step log, whichever format it was written in."""
+    parquet = run_dir / "steps.parquet"
+    if parquet.exists():
+        return pd.read_parquet(parquet, columns=columns)
+    return pd.read_csv(run_dir / "steps.csv", usecols=columns)
 
 
 def write_idle_probe(run_dir: Path, samples: list[tuple[float, float]]) -> None:

@@ -1,9 +1,9 @@
 """A sweep's summary: once ``python run.py -m ...`` has run every job, one table.
 
-Hydra calls :class:`SweepSummary` (``hydra.callbacks`` in ``conf/config.yaml``)
-at the end of a multirun. It reads each job's ``metrics.json`` under the sweep
-directory, prints a line per run and writes them to ``sweep_summary.csv``
-there. Two checks a sweep needs:
+Hydra's callback (``testbed/report/sweep_callback.py``) calls
+:func:`write_summary` after every job and at the end of a multirun. It reads
+each job's ``metrics.json`` under the sweep directory, prints a line per run
+and writes them to ``sweep_summary.csv`` there. Two checks a sweep needs:
 
 * jobs that differ only in ``mode`` and its fields (``-m mode=sim,real ...``)
   are paired, and the simulation's relative error against the real run is
@@ -29,17 +29,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hydra.core.utils import JobReturn, JobStatus
-from hydra.experimental.callback import Callback
-from hydra.types import RunMode
-from omegaconf import DictConfig
-
-from testbed.report.rundir import SWEEP_ID, read_claim
+from testbed.report.rundir import read_claim
 
 # metrics.json keys the summary keeps, with their column headings
 COLUMNS = {
@@ -293,34 +287,3 @@ def write_summary(sweep_dir: Path, sweep: str | None = None) -> str | None:
         frame.to_csv(tmp, index=False)
         os.replace(tmp, sweep_dir / "sweep_summary.csv")
     return summary(runs, unread, failed)
-
-
-class SweepSummary(Callback):
-    """Gives the sweep an id its jobs' folders record, rewrites its summary after
-    every job (naming a failed job's error) and prints it when the multirun ends."""
-
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        os.environ[SWEEP_ID] = uuid.uuid4().hex  # inherited by launcher workers
-
-    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
-        if config.hydra.mode != RunMode.MULTIRUN:
-            return
-        run_dir = Path(str(config.hydra.runtime.output_dir))
-        sweep_dir = Path(str(config.hydra.sweep.dir))
-        failed = job_return.status == JobStatus.FAILED
-        if failed:
-            error = job_return._return_value
-            message = f"{type(error).__name__}: {error}"
-            record = {"sweep": os.environ.get(SWEEP_ID), "error": message}
-            run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / FAILED).write_text(json.dumps(record) + "\n")
-        text = write_summary(sweep_dir, os.environ.get(SWEEP_ID))
-        if failed and text is not None:  # Hydra stops before the multirun's end: say it now
-            print(f"\nsweep {sweep_dir} so far ({sweep_dir / 'sweep_summary.csv'}):\n{text}")
-
-    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        # Hydra resolves ${now:...} once per config (cached): the launcher's directory
-        sweep_dir = Path(str(config.hydra.sweep.dir))
-        text = write_summary(sweep_dir, os.environ.get(SWEEP_ID))
-        if text is not None:
-            print(f"\nsweep {sweep_dir} ({sweep_dir / 'sweep_summary.csv'}):\n{text}")

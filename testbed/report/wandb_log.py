@@ -1,7 +1,8 @@
 """W&B logging: offline by default (no account; ``wandb sync`` later), online on request.
 
 Each run logs its resolved config, the summary metrics, the step time series
-(binned), the per-request table and the plots. Runs of a sweep share a group
+(binned, one table), the plots and the per-request table (a parquet file
+artifact). Runs of a sweep share a group
 and tags, so a W&B workspace compares policies side by side.
 """
 
@@ -14,9 +15,6 @@ from typing import Any
 
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
-
-from testbed.metrics.steplog import StepLog
-from testbed.report.plots import binned
 
 PROJECT = "llm-sched-testbed"
 
@@ -63,26 +61,24 @@ def wandb_settings(cfg: DictConfig, metrics: Mapping[str, Any]) -> dict[str, Any
 TABLE_ROWS = 200_000
 
 
-def log_requests(run, requests: pd.DataFrame, csv: Path, table_rows: int = TABLE_ROWS) -> str:
-    """The per-request table in W&B: a W&B table up to ``table_rows`` rows (a
-    table costs W&B about a third of a millisecond per row; it holds at most
-    :data:`TABLE_ROWS`), else the run's ``requests.csv`` whole, as a file
-    artifact (never cut, and a file copy). Says which in the run's summary
-    (``requests_logged_as``) and returns it."""
+def log_requests(run, requests: pd.DataFrame, folder: Path, table_rows: int = 0) -> str:
+    """The per-request table in W&B: always whole, as ``requests.parquet``, a file
+    artifact (a W&B table costs about a third of a millisecond a row: a day's
+    requests would take longer than simulating them), and also as a W&B table
+    where it has at most ``table_rows`` rows (0: never). Says which in the run's
+    summary (``requests_logged_as``) and returns it."""
     import wandb
 
-    rows = min(table_rows, TABLE_ROWS)
-    if len(requests) <= rows or not csv.exists():
-        run.log({"requests": wandb.Table(dataframe=requests.head(TABLE_ROWS))})
-        how = "table" if len(requests) <= TABLE_ROWS else f"table of the first {TABLE_ROWS} rows"
-    else:
-        artifact = wandb.Artifact(f"requests-{run.id}", type="run-table")
-        artifact.add_file(str(csv), name="requests.csv")
-        run.log_artifact(artifact)
-        how = f"file artifact requests.csv ({len(requests)} rows; tables up to {rows} rows)"
+    path = folder / "requests.parquet"
+    requests.to_parquet(path, index=False)
+    artifact = wandb.Artifact(f"requests-{run.id}", type="run-table")
+    artifact.add_file(str(path), name="requests.parquet", policy="immutable")
+    run.log_artifact(artifact)
+    how = f"file artifact requests.parquet ({len(requests)} rows)"
+    if 0 < len(requests) <= min(table_rows, TABLE_ROWS):
+        run.log({"requests": wandb.Table(dataframe=requests)})
+        how += " and table"
     run.summary["requests_logged_as"] = how
-    if how.startswith("table of"):
-        print(f"  W&B: the request table is logged as a {how}")
     return how
 
 
@@ -93,10 +89,14 @@ def log_run(
     config: dict[str, Any],
     metrics: dict[str, Any],
     requests: pd.DataFrame,
-    steps: StepLog,
+    series: pd.DataFrame,
     plots: list[Path],
 ) -> str | None:
-    """Log one run; returns the W&B run folder (None when disabled)."""
+    """Log one run in one ``log`` call (each call costs W&B a record): the binned
+    step ``series`` (``testbed.report.plots.timeline``) as one table with a line
+    chart per series, the plots, the request
+    table (:func:`log_requests`) and the summary; returns the W&B run folder
+    (None when disabled)."""
     run = _start(
         wandb_cfg.get("mode", "offline"),
         Path(wandb_cfg.get("dir") or run_dir),
@@ -112,14 +112,15 @@ def log_run(
     import wandb
 
     try:
-        times, series = binned(
-            steps, ("num_waiting", "num_reqs", "kv_usage", "latency_s"), bins=1000
-        )
-        for i, ts in enumerate(times):
-            run.log({"time_s": float(ts), **{f"steps/{k}": float(v[i]) for k, v in series.items()}})
-        rows = wandb_cfg.get("table_rows", TABLE_ROWS)
-        log_requests(run, requests, run_dir / "requests.csv", rows)
-        run.log({p.stem: wandb.Image(str(p)) for p in plots})
+        table = wandb.Table(dataframe=series)
+        logged: dict[str, Any] = {"steps": table}
+        for name in series.columns.drop("time_s"):
+            logged[f"steps/{name}"] = wandb.plot.line(
+                table, "time_s", name, title=f"{name} over time (binned)"
+            )
+        logged |= {p.stem: wandb.Image(str(p)) for p in plots}
+        run.log(logged)
+        log_requests(run, requests, Path(run.dir), wandb_cfg.get("table_rows", 0))
         run.summary.update({k: v for k, v in metrics.items() if v is not None})
         return run.dir
     finally:
@@ -134,10 +135,17 @@ def log_experiment(
     tables: Mapping[str, pd.DataFrame],
     images: Mapping[str, Path] | None = None,
     tags: list[str] | None = None,
+    html: Mapping[str, Path] | None = None,
+    name: str | None = None,
+    project: str | None = None,
 ) -> None:
-    """Log an experiment's result tables (empty ones left out) and images as one
-    W&B run of ``group``; nothing when ``mode`` is ``disabled``."""
-    run = _start(mode, directory, project=PROJECT, group=group, config=config, tags=tags or [group])
+    """Log an experiment's (or a sweep's) result tables (empty ones left out),
+    images and HTML pages as one W&B run of ``group``; nothing when ``mode`` is
+    ``disabled``."""
+    run = _start(
+        mode, directory, project=project or PROJECT, group=group, config=config,
+        tags=tags or [group], name=name, job_type="experiment",
+    )  # fmt: skip
     if run is None:
         return
     import wandb
@@ -145,6 +153,7 @@ def log_experiment(
     try:
         logged = {k: wandb.Table(dataframe=t) for k, t in tables.items() if not t.empty}
         logged |= {k: wandb.Image(str(path)) for k, path in (images or {}).items()}
+        logged |= {k: wandb.Html(str(path)) for k, path in (html or {}).items()}
         run.log(logged)
     finally:
         run.finish()

@@ -46,21 +46,32 @@ def test_several_replicas_come_ordered_whole():
     assert frame["start_s"].is_monotonic_increasing
 
 
+@pytest.mark.parametrize("steps_format", ["csv", "parquet"])
 @pytest.mark.parametrize("piece_rows", [5, 1 << 20])
-def test_steps_csv_is_the_log_in_pieces_or_whole(tmp_path, monkeypatch, piece_rows):
+def test_the_step_file_is_the_log_in_pieces_or_whole(
+    tmp_path, monkeypatch, piece_rows, steps_format
+):
     from testbed.report import rundir
 
     monkeypatch.setattr(rundir, "PIECE_ROWS", piece_rows)
     log = a_log(seed=1)
     requests = pd.DataFrame({"request_id": ["a", "b"]})
-    write_tables(tmp_path, requests, log)
+    path = write_tables(tmp_path, requests, log, steps_format)
+    assert path.name == f"steps.{steps_format}"
     whole = log.to_frame()
     whole.insert(0, "step", np.arange(len(whole)))
-    expected = whole.to_csv(index=False, float_format="%.9g")
-    assert (tmp_path / "steps.csv").read_text() == expected
+    # every value round-trips exactly (floats as their shortest exact text in CSV,
+    # where a whole float reads back as an integer)
+    back = rundir.read_steps(tmp_path)
+    pd.testing.assert_frame_equal(
+        back, whole, check_exact=True, check_dtype=steps_format == "parquet"
+    )
     empty = StepLog()
-    write_tables(tmp_path, requests, empty)
-    assert (tmp_path / "steps.csv").read_text().splitlines()[0].startswith("step,replica,")
+    write_tables(tmp_path, requests, empty, steps_format)
+    back = rundir.read_steps(tmp_path)
+    assert list(back.columns)[:2] == ["step", "replica"] and len(back) == 0
+    if steps_format == "csv":
+        assert (tmp_path / "steps.csv").read_text().splitlines()[0].startswith("step,replica,")
 
 
 @pytest.mark.parametrize("spill_rows", [1, 5, 16])

@@ -360,7 +360,9 @@ def test_a_custom_policy_is_labelled_by_its_classs_name(tmp_path):
     assert m["policy"] == "vtc"
 
 
-def test_a_request_table_too_long_for_wandb_is_logged_whole_as_a_file(tmp_path):
+def test_the_request_table_goes_to_wandb_whole_as_parquet_and_as_a_table_only_when_short(
+    tmp_path,
+):
     from testbed.report import wandb_log
 
     class Run:
@@ -376,16 +378,15 @@ def test_a_request_table_too_long_for_wandb_is_logged_whole_as_a_file(tmp_path):
             self.artifacts.append(artifact)
 
     frame = pd.DataFrame({"request_id": [f"req-{i}" for i in range(20)], "e2e_s": range(20)})
-    csv = tmp_path / "requests.csv"
-    frame.to_csv(csv, index=False)
     run_ = Run()
-    how = wandb_log.log_requests(run_, frame, csv, table_rows=10)
-    assert how.startswith("file artifact requests.csv (20 rows")
-    assert run_.summary["requests_logged_as"] == how and not run_.logged
-    assert [e.path for e in run_.artifacts[0].manifest.entries.values()] == ["requests.csv"]
+    how = wandb_log.log_requests(run_, frame, tmp_path, table_rows=10)
+    assert how == "file artifact requests.parquet (20 rows)" and not run_.logged
+    assert run_.summary["requests_logged_as"] == how
+    assert [e.path for e in run_.artifacts[0].manifest.entries.values()] == ["requests.parquet"]
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "requests.parquet"), frame)
     small = Run()
-    assert wandb_log.log_requests(small, frame.head(10), csv, table_rows=10) == "table"
-    assert small.logged
+    how = wandb_log.log_requests(small, frame.head(10), tmp_path, table_rows=10)
+    assert how.endswith("and table") and len(small.logged) == 1 and small.artifacts
 
 
 def test_an_output_folder_that_cannot_be_written_is_named_before_hydra_starts(tmp_path):

@@ -1,0 +1,108 @@
+"""What a run costs beyond its simulation: the full Azure 2023 conv trace (19,366
+requests, about 480,000 steps) with Llama-3-8B on H200 specs under FCFS, each
+setting in its own process, as ``python run.py`` runs it. Per setting: the
+simulation's wall time (the peer), the run's own time (``run_from_config``:
+simulate, write the run directory, plot, log to W&B) and the whole process's,
+with the run directory's writing and W&B's logging timed apart.
+
+    python benchmarks/run_overhead.py [--repeats 3] [--out FILE.json]
+
+Targets (issue 42): the run within 1.5x the simulation and the process within
+2.5x with defaults on (plots, W&B offline); W&B at most 1 s of the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import write_results
+
+SETTINGS = {
+    "no plots, no W&B": ["plots=false", "logging=disabled"],
+    "plots, no W&B": ["logging=disabled"],
+    "defaults (plots, W&B offline)": [],
+    "defaults, steps as parquet": ["outputs.steps_format=parquet"],
+}
+BASE = ["mode=sim", "trace=azure_conv", "model=llama3-8b", "hardware=h200", "policy=fcfs"]
+
+
+def child(overrides: list[str], run_dir: str) -> None:
+    """In the child: one run, timed by phase; prints one JSON line."""
+    from testbed import job
+    from testbed.config_schema import compose_config
+
+    spent = {"write_s": 0.0, "wandb_s": 0.0}
+
+    def timed(name, fn):
+        def wrapper(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[name] += time.perf_counter() - t
+
+        return wrapper
+
+    job.write_run_dir = timed("write_s", job.write_run_dir)
+    job.log_run = timed("wandb_s", job.log_run)
+    cfg = compose_config([*BASE, "progress=false", *overrides])
+    t = time.perf_counter()
+    metrics = job.run_from_config(cfg, run_dir)
+    run_s = time.perf_counter() - t
+    print(json.dumps(dict(sim_s=metrics["sim_wall_s"], run_s=run_s, **spent)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default="benchmarks/results/run_overhead.json")
+    ap.add_argument("--child", nargs="*", help=argparse.SUPPRESS)
+    ap.add_argument("--run-dir", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child is not None:
+        child(a.child, a.run_dir)
+        return
+    got: dict[str, list[dict]] = {name: [] for name in SETTINGS}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(a.repeats):  # interleaved: the machine's drift moves all alike
+            for j, (name, overrides) in enumerate(SETTINGS.items()):
+                run_dir = Path(tmp) / f"{i}-{j}"
+                t = time.perf_counter()
+                out = subprocess.run(
+                    [sys.executable, __file__, "--run-dir", str(run_dir), "--child", *overrides],
+                    capture_output=True, text=True, check=True,
+                )  # fmt: skip
+                process_s = time.perf_counter() - t
+                row = json.loads(out.stdout.strip().splitlines()[-1])
+                got[name].append(dict(row, process_s=process_s))
+    rows = []
+    for name, runs in got.items():
+        med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        rows.append(
+            dict(
+                setting=name,
+                **med,
+                run_vs_sim=med["run_s"] / med["sim_s"],
+                process_vs_sim=med["process_s"] / med["sim_s"],
+            )
+        )
+    heads = f"{'sim':>6} {'write':>6} {'W&B':>6} {'run':>6} {'process':>8}"
+    print(f"{'setting':<32} {heads}  run/sim  process/sim")
+    for r in rows:
+        print(
+            f"{r['setting']:<32} {r['sim_s']:6.2f} {r['write_s']:6.2f} {r['wandb_s']:6.2f} "
+            f"{r['run_s']:6.2f} {r['process_s']:8.2f}  {r['run_vs_sim']:7.2f}  "
+            f"{r['process_vs_sim']:11.2f}"
+        )
+    write_results(a.out, "run_overhead", rows, repeats=a.repeats, trace="azure_conv")
+
+
+if __name__ == "__main__":
+    main()
