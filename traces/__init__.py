@@ -14,6 +14,9 @@ and not None):
 5. ``time_scale``: :func:`~traces.transforms.scale_time`
 5b. ``prompt_scale``: :func:`~traces.transforms.scale_prompts`
 6. ``max_model_len``: :func:`~traces.transforms.cap_lengths`
+7. ``num_tenants`` / ``priority_classes`` (seeded by ``seed``):
+   :func:`~traces.transforms.assign_tenants`, :func:`~traces.transforms.assign_priorities`
+8. ``ttft_slo_s`` / ``tpot_slo_s``: :func:`~traces.transforms.assign_slos`
 
 An option the loader itself takes goes to the loader instead (``num_requests``
 and ``rate`` for ``synthetic`` and the length-file traces, which generate
@@ -84,6 +87,7 @@ _TRACES: dict[str, tuple[Callable[..., pd.DataFrame], str | None]] = {
 TRACE_NAMES: tuple[str, ...] = tuple(_TRACES)
 _GENERIC = ("window_start_s", "window_end_s", "num_requests", "sample", "rate", "time_scale")
 _GENERIC += ("prompt_scale", "max_model_len", "num_tenants", "priority_classes", "seed")
+_GENERIC += ("ttft_slo_s", "tpot_slo_s")
 
 
 def traces_dir() -> Path:
@@ -158,4 +162,6 @@ def _apply(df: pd.DataFrame, o: dict[str, Any]) -> pd.DataFrame:
     if "priority_classes" in o:
         classes = int(o["priority_classes"])
         df = transforms.assign_priorities(df, classes, seed=int(o.get("seed", 0)))
+    if "ttft_slo_s" in o or "tpot_slo_s" in o:
+        df = transforms.assign_slos(df, o.get("ttft_slo_s"), o.get("tpot_slo_s"))
     return df

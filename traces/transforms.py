@@ -137,7 +137,9 @@ def cap_lengths(df: pd.DataFrame, max_model_len: int) -> pd.DataFrame:
 def _assigned(df: pd.DataFrame, column: str, values, note: str) -> pd.DataFrame:
     """``df`` with ``column`` replaced by ``values``; the note says whether the
     trace had values of its own (anything but the schema's default)."""
-    if (df[column] != DEFAULTS[column]).any():
+    default = DEFAULTS[column]
+    own = df[column].notna() if pd.isna(default) else df[column] != default
+    if own.any():
         note += " (replacing the trace's own)"
     out = with_rows(df, df.copy(), note)  # index 0..n-1, as ``values``
     out[column] = values
@@ -156,6 +158,21 @@ def assign_tenants(df: pd.DataFrame, num_tenants: int, seed: int = 0) -> pd.Data
     names = pd.Series([f"t{k}" for k in picks], dtype="str")
     note = f"assigned {num_tenants} Zipf-weighted tenants, seed {seed}"
     return _assigned(df, "tenant", names, note)
+
+
+def assign_slos(
+    df: pd.DataFrame, ttft_slo_s: float | None = None, tpot_slo_s: float | None = None
+) -> pd.DataFrame:
+    """Give every request the TTFT and TPOT SLOs given (seconds; None leaves that
+    column as it is): for goodput and SLO attainment on traces that carry none."""
+    for name, value in (("ttft_slo_s", ttft_slo_s), ("tpot_slo_s", tpot_slo_s)):
+        if value is not None and not float(value) > 0:
+            raise ValueError(f"{name}={value}: must be > 0")
+    out = df
+    for column, value in (("ttft_slo_s", ttft_slo_s), ("tpot_slo_s", tpot_slo_s)):
+        if value is not None:
+            out = _assigned(out, column, np.full(len(out), float(value)), f"{column} {value:g} s")
+    return out
 
 
 def assign_priorities(df: pd.DataFrame, num_classes: int, seed: int = 0) -> pd.DataFrame:

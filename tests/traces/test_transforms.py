@@ -157,3 +157,20 @@ def test_load_trace_assigns_tenants_and_priority_classes_by_option():
     assert set(df["tenant"]) <= {"t0", "t1"} and set(df["priority"]) <= {0, 1, 2}
     notes = " ".join(df.attrs["notes"])
     assert "replacing the trace's own" in notes  # synthetic traces have tenants
+
+
+def test_slos_are_set_on_every_request_by_option_and_bad_ones_refused():
+    from traces import load_trace
+    from traces.transforms import assign_slos
+
+    df = make_trace(np.arange(4) * 0.1, np.full(4, 10), np.full(4, 5), name="t", source="test")
+    out = assign_slos(df, ttft_slo_s=0.5)
+    assert (out["ttft_slo_s"] == 0.5).all() and out["tpot_slo_s"].isna().all()
+    assert out.attrs["notes"][-1] == "ttft_slo_s 0.5 s"  # the trace had none of its own
+    both = assign_slos(out, 1.0, 0.05)
+    assert (both["ttft_slo_s"] == 1.0).all() and (both["tpot_slo_s"] == 0.05).all()
+    assert "replacing the trace's own" in both.attrs["notes"][-2]
+    with pytest.raises(ValueError, match="tpot_slo_s=0: must be > 0"):
+        assign_slos(df, tpot_slo_s=0)
+    loaded = load_trace("synthetic", num_requests=20, ttft_slo_s=2.0, tpot_slo_s=0.2)
+    assert (loaded["ttft_slo_s"] == 2.0).all() and (loaded["tpot_slo_s"] == 0.2).all()

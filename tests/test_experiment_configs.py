@@ -1,0 +1,58 @@
+"""The named experiments (``python run.py -m +experiment=<name>``): every value
+each one sweeps makes a valid run config."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from testbed.config_schema import compose_config, validate
+from testbed.models import PROJECT_ROOT
+
+EXPERIMENTS = sorted(p.stem for p in (PROJECT_ROOT / "conf" / "experiment").glob("*.yaml"))
+
+
+def sweep_params(name: str) -> dict[str, list[str]]:
+    text = (PROJECT_ROOT / "conf" / "experiment" / f"{name}.yaml").read_text()
+    params = yaml.safe_load(text)["hydra"]["sweeper"]["params"]
+    return {k: str(v).split(",") for k, v in params.items()}
+
+
+def test_the_documented_experiments_exist():
+    assert {"policy_comparison", "latency_throughput", "sim_vs_real", "disaggregation"} <= set(
+        EXPERIMENTS
+    )
+    readme = (PROJECT_ROOT / "README.md").read_text()
+    for name in EXPERIMENTS:
+        assert f"+experiment={name}" in readme, f"README: no line for {name}"
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_swept_value_composes_and_validates(name):
+    params = sweep_params(name)
+    assert params, f"{name} sweeps nothing"
+    # each value of each key at least once, beside the first of the others
+    for key, values in params.items():
+        for value in values:
+            chosen = {k: v[0] for k, v in params.items()} | {key: value}
+            cfg = compose_config([f"+experiment={name}", *(f"{k}={v}" for k, v in chosen.items())])
+            validate(cfg)
+            got = OmegaConf.select(cfg, key) if "." in key else cfg[key]
+            got = got.get("name", got) if hasattr(got, "get") else got
+            assert str(got) == value or key in ("trace", "cluster"), (key, value, got)
+
+
+def test_policy_comparison_sweeps_every_bundled_policy_with_seeds_and_loads():
+    from policies import REGISTRY
+
+    params = sweep_params("policy_comparison")
+    assert set(params["policy"]) == set(REGISTRY)
+    assert len(params["seed"]) >= 3
+    loads = [float(x) for x in params["load"]]
+    assert min(loads) == 0.2 and max(loads) == 1.2
+    cfg = compose_config(["+experiment=policy_comparison", "trace=azure_conv_tenants"])
+    assert (cfg.trace.name, cfg.trace.num_tenants, cfg.trace.priority_classes) == (
+        "azure_conv", 4, 3
+    )
+    assert cfg.trace.seed == cfg.seed  # the seed draws the tenants and classes
