@@ -53,6 +53,8 @@ def test_policy_comparison_sweeps_every_bundled_policy_with_seeds_and_loads():
     assert min(loads) == 0.2 and max(loads) == 1.2
     cfg = compose_config(["+experiment=policy_comparison", "trace=azure_conv_tenants"])
     assert (cfg.trace.name, cfg.trace.num_tenants, cfg.trace.priority_classes) == (
-        "azure_conv", 4, 3
+        "azure_conv",
+        4,
+        3,
     )
     assert cfg.trace.seed == cfg.seed  # the seed draws the tenants and classes
