@@ -36,7 +36,8 @@ from testbed.report.rundir import (
     write_spec_acceptance,
     write_tables,
 )
-from testbed.report.wandb_log import log_run, logged_config, wandb_settings
+from testbed.report.wandb_log import logged_config, wandb_settings
+from testbed.report.wandb_process import WandbProcess
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -75,26 +76,37 @@ def run_from_config(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[
     trace, requests = load_requests(cfg, spec, rate=load.get("rate_req_s"), stream=sim)
     fields = run_fields(cfg, spec.name, trace)
     del trace
+    # W&B starts now, in a process beside the simulation (report/wandb_process.py)
+    wandb = WandbProcess(
+        wandb_settings(cfg, fields),
+        run_dir,
+        f"{cfg.mode.name}-{fields['policy']}-{cfg.trace.name}",
+        logged_config(cfg, load),
+    )
     progress = Progress(len(requests), cfg.progress)
     try:
-        if cfg.mode.name == "sim":
-            result, extra = simulate(cfg, requests, spec, progress)
-        elif cfg.mode.name == "real":
-            from testbed.modes.real import run_real  # torch, only where a mode needs it
+        try:
+            if cfg.mode.name == "sim":
+                result, extra = simulate(cfg, requests, spec, progress)
+            elif cfg.mode.name == "real":
+                from testbed.modes.real import run_real  # torch, only where a mode needs it
 
-            result, extra = run_real(cfg, requests, spec, progress)
-        else:
-            raise ValueError(f"unknown mode {cfg.mode.name!r}: sim, real or profile")
-    finally:
-        progress.close()
-    req_df = requests_frame(result.requests)
-    metrics = {
-        **fields,
-        **summarize(result, req_df),
-        **load,
-        **extra,
-    }
-    report(cfg, run_dir, result, req_df, metrics, load, wall_start)
+                result, extra = run_real(cfg, requests, spec, progress)
+            else:
+                raise ValueError(f"unknown mode {cfg.mode.name!r}: sim, real or profile")
+        finally:
+            progress.close()
+        req_df = requests_frame(result.requests)
+        metrics = {
+            **fields,
+            **summarize(result, req_df),
+            **load,
+            **extra,
+        }
+    except BaseException as e:
+        wandb.abandon(f"{type(e).__name__}: {e}")
+        raise
+    report(cfg, run_dir, result, req_df, metrics, wandb, wall_start)
     if isinstance(result.error, KeyboardInterrupt):
         raise result.error  # written; the entry point exits with the signal's status
     if result.error is not None:
@@ -129,7 +141,7 @@ def report(
     result: RunResult,
     req_df: pd.DataFrame,
     metrics: dict[str, Any],
-    load: dict[str, Any],
+    wandb: WandbProcess,
     wall_start: float,
 ) -> None:
     """Print the summary, write the run directory and log to W&B; ``metrics``
@@ -147,16 +159,7 @@ def report(
         run_dir = fallback
         plots = write_run_dir(cfg, run_dir, result, req_df, metrics, series)
     print(f"  run directory: {run_dir}")
-    log_run(
-        wandb_settings(cfg, metrics),
-        run_dir,
-        f"{cfg.mode.name}-{metrics['policy']}-{cfg.trace.name}",
-        logged_config(cfg, load),
-        metrics,
-        req_df,
-        series,
-        plots,
-    )
+    wandb.log(run_dir, plots)
 
 
 def write_run_dir(

@@ -2,12 +2,14 @@
 
 Each run logs its resolved config, the summary metrics, the step time series
 (binned, one table), the plots and the per-request table (a parquet file
-artifact). Runs of a sweep share a group
-and tags, so a W&B workspace compares policies side by side.
+artifact), from its written run directory, in a process of its own
+(``testbed/report/wandb_process.py``). Runs of a sweep share a group and tags,
+so a W&B workspace compares policies side by side.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 PROJECT = "llm-sched-testbed"
 
 
-def _start(mode: str, directory: Path, **init: Any):
+def start(mode: str, directory: Path, **init: Any):
     """A W&B run writing under ``directory``; None when ``mode`` is ``disabled``."""
     if mode == "disabled":
         return None
@@ -27,7 +29,11 @@ def _start(mode: str, directory: Path, **init: Any):
     import wandb
 
     directory.mkdir(parents=True, exist_ok=True)
-    return wandb.init(mode=mode, dir=str(directory), reinit="finish_previous", **init)
+    # console="off": the run folder has the console's log (Hydra's run.log)
+    settings = wandb.Settings(console="off")
+    return wandb.init(
+        mode=mode, dir=str(directory), reinit="finish_previous", settings=settings, **init
+    )
 
 
 def logged_config(cfg: DictConfig, load: Mapping[str, Any]) -> dict[str, Any]:
@@ -82,49 +88,27 @@ def log_requests(run, requests: pd.DataFrame, folder: Path, table_rows: int = 0)
     return how
 
 
-def log_run(
-    wandb_cfg: Mapping[str, Any],
-    run_dir: Path,
-    name: str,
-    config: dict[str, Any],
-    metrics: dict[str, Any],
-    requests: pd.DataFrame,
-    series: pd.DataFrame,
-    plots: list[Path],
-) -> str | None:
-    """Log one run in one ``log`` call (each call costs W&B a record): the binned
-    step ``series`` (``testbed.report.plots.timeline``) as one table with a line
-    chart per series, the plots, the request
-    table (:func:`log_requests`) and the summary; returns the W&B run folder
-    (None when disabled)."""
-    run = _start(
-        wandb_cfg.get("mode", "offline"),
-        Path(wandb_cfg.get("dir") or run_dir),
-        project=wandb_cfg.get("project", PROJECT),
-        entity=wandb_cfg.get("entity"),
-        group=wandb_cfg.get("group"),
-        tags=list(wandb_cfg.get("tags") or []),
-        name=name,
-        config=config,
-    )
-    if run is None:
-        return None
+def log_run(run, run_dir: Path, plots: list[Path], table_rows: int = 0) -> str:
+    """Log a written run directory to ``run`` in one ``log`` call (each call
+    costs W&B a record): the binned step series (``timeline.csv``) as one table
+    with a line chart per series, the plots, the request table
+    (:func:`log_requests`, from ``requests.csv``) and ``metrics.json`` as the
+    summary; returns the W&B run folder."""
     import wandb
 
-    try:
-        table = wandb.Table(dataframe=series)
-        logged: dict[str, Any] = {"steps": table}
-        for name in series.columns.drop("time_s"):
-            logged[f"steps/{name}"] = wandb.plot.line(
-                table, "time_s", name, title=f"{name} over time (binned)"
-            )
-        logged |= {p.stem: wandb.Image(str(p)) for p in plots}
-        run.log(logged)
-        log_requests(run, requests, Path(run.dir), wandb_cfg.get("table_rows", 0))
-        run.summary.update({k: v for k, v in metrics.items() if v is not None})
-        return run.dir
-    finally:
-        run.finish()
+    series = pd.read_csv(run_dir / "timeline.csv")
+    table = wandb.Table(dataframe=series)
+    logged: dict[str, Any] = {"steps": table}
+    for name in series.columns.drop("time_s"):
+        logged[f"steps/{name}"] = wandb.plot.line(
+            table, "time_s", name, title=f"{name} over time (binned)"
+        )
+    logged |= {p.stem: wandb.Image(str(p)) for p in plots}
+    run.log(logged)
+    log_requests(run, pd.read_csv(run_dir / "requests.csv"), Path(run.dir), table_rows)
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    run.summary.update({k: v for k, v in metrics.items() if v is not None})
+    return run.dir
 
 
 def log_experiment(
@@ -142,7 +126,7 @@ def log_experiment(
     """Log an experiment's (or a sweep's) result tables (empty ones left out),
     images and HTML pages as one W&B run of ``group``; nothing when ``mode`` is
     ``disabled``."""
-    run = _start(
+    run = start(
         mode, directory, project=project or PROJECT, group=group, config=config,
         tags=tags or [group], name=name, job_type="experiment",
     )  # fmt: skip
