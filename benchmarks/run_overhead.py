@@ -7,7 +7,11 @@ with the run directory's writing and the wait for W&B's logging timed apart
 (W&B starts in a child process when the run starts: what the run waits for is
 what is left at its end).
 
-    python benchmarks/run_overhead.py [--repeats 3] [--out FILE.json]
+    python benchmarks/run_overhead.py [--repeats 3] [--out FILE.json] [--baseline DIR]
+
+``--baseline DIR``: also time an older checkout of the project at DIR (``git
+worktree add DIR <commit>``) in the same interleaved rounds (its settings but
+``outputs.steps_format``, which it may not have), with this environment.
 
 Targets (issue 42): the run within 1.5x the simulation and the process within
 2.5x with defaults on (plots, W&B offline); W&B at most 1 s of the run.
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -70,19 +75,31 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/run_overhead.json")
     ap.add_argument("--child", nargs="*", help=argparse.SUPPRESS)
     ap.add_argument("--run-dir", help=argparse.SUPPRESS)
+    ap.add_argument("--baseline", type=Path, help="an older checkout to time beside this one")
     a = ap.parse_args()
     if a.child is not None:
         child(a.child, a.run_dir)
         return
-    got: dict[str, list[dict]] = {name: [] for name in SETTINGS}
+    here = Path(__file__).resolve().parents[1]
+    trees = {"": here}
+    if a.baseline is not None:
+        trees["baseline: "] = a.baseline.resolve()
+    jobs = [
+        (prefix + name, tree, overrides)
+        for prefix, tree in trees.items()
+        for name, overrides in SETTINGS.items()
+        if not (prefix and any(o.startswith("outputs.") for o in overrides))
+    ]
+    got: dict[str, list[dict]] = {name: [] for name, _, _ in jobs}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(a.repeats):  # interleaved: the machine's drift moves all alike
-            for j, (name, overrides) in enumerate(SETTINGS.items()):
+            for j, (name, tree, overrides) in enumerate(jobs):
                 run_dir = Path(tmp) / f"{i}-{j}"
+                env = {**os.environ, "PYTHONPATH": str(tree)}  # that checkout's packages
                 t = time.perf_counter()
                 out = subprocess.run(
                     [sys.executable, __file__, "--run-dir", str(run_dir), "--child", *overrides],
-                    capture_output=True, text=True, check=True,
+                    capture_output=True, text=True, check=True, cwd=tree, env=env,
                 )  # fmt: skip
                 process_s = time.perf_counter() - t
                 row = json.loads(out.stdout.strip().splitlines()[-1])
@@ -99,14 +116,21 @@ def main() -> None:
             )
         )
     heads = f"{'sim':>6} {'write':>6} {'W&B':>6} {'run':>6} {'process':>8}"
-    print(f"{'setting':<32} {heads}  run/sim  process/sim")
+    print(f"{'setting':<42} {heads}  run/sim  process/sim")
     for r in rows:
         print(
-            f"{r['setting']:<32} {r['sim_s']:6.2f} {r['write_s']:6.2f} {r['wandb_s']:6.2f} "
+            f"{r['setting']:<42} {r['sim_s']:6.2f} {r['write_s']:6.2f} {r['wandb_s']:6.2f} "
             f"{r['run_s']:6.2f} {r['process_s']:8.2f}  {r['run_vs_sim']:7.2f}  "
             f"{r['process_vs_sim']:11.2f}"
         )
-    write_results(a.out, "run_overhead", rows, repeats=a.repeats, trace="azure_conv")
+    baseline = None
+    if a.baseline is not None:
+        from experiments.manifest import git
+
+        baseline = git("-C", str(a.baseline), "rev-parse", "HEAD")
+    write_results(
+        a.out, "run_overhead", rows, repeats=a.repeats, trace="azure_conv", baseline=baseline
+    )
 
 
 if __name__ == "__main__":
