@@ -29,6 +29,11 @@ Definitions (times in seconds, rates per second):
 * kv_usage_mean weights each step by its latency (a time average).
 * tenant_service_jain: Jain's index over tenants of (tokens served / tokens
   asked for); 1.0 when every tenant got the same share of what it asked.
+* tenant_ttft_jain: Jain's index over tenants of 1 / (the tenant's mean TTFT):
+  1.0 when every tenant waits as long for its first token, 1/n when one tenant
+  alone is served promptly. (Where every request is served in the end, as in a
+  replayed trace that drains, ``tenant_service_jain`` is 1.0 whatever the order;
+  this one sees the order.)
 * per_tenant: for each tenant, its requests, finished requests, TTFT, TPOT and
   E2E means and p99s, tokens asked for and served (prompt + output), its
   service share (served / asked) and SLO attainment.
@@ -216,6 +221,9 @@ def summarize(result: RunResult, df: pd.DataFrame | None = None) -> dict[str, fl
     served = done.groupby("tenant")[["prompt_tokens", "output_tokens"]].sum().sum(axis=1)
     m["tenant_service_jain"] = _jain((served.reindex(asked.index).fillna(0) / asked).to_numpy())
     m["per_tenant"] = per_tenant(df, done, met)
+    ttft = np.array([t["ttft_s_mean"] for t in m["per_tenant"].values()], dtype=float)
+    ttft = ttft[~np.isnan(ttft)]
+    m["tenant_ttft_jain"] = _jain(1 / ttft) if len(ttft) and (ttft > 0).all() else math.nan
     # Disaggregated prefill/decode, either mode: the transfers that moved KV (a
     # failed one moved none: its request recomputed the prompt).
     moved = df[(df["kv_transfer_bytes"] > 0) & ~df["kv_transfer_failed"]]

@@ -56,7 +56,8 @@ METRICS = {
     "e2e_s_mean": "E2E mean",
     "goodput_req_s": "goodput",
     "slo_attainment": "SLO att.",
-    "tenant_service_jain": "Jain",
+    "tenant_service_jain": "Jain (service)",
+    "tenant_ttft_jain": "Jain (TTFT)",
 }
 # The latency-throughput panels
 CURVES = ("ttft_s_p50", "ttft_s_p99", "tpot_s_mean", "tpot_s_p99", "e2e_s_mean")
@@ -65,6 +66,9 @@ REPEAT_KEYS = ("seed", "trace.seed")
 # Where a sweep varies the load, the x axis: the first of these it sets
 LOAD_KEYS = ("load", "trace.rate")
 CDF_POINTS = 200  # quantiles kept per CDF line
+# Where seeds vary little (a trace's own arrivals, its tenants drawn anew), tiny gaps
+# separate too: the summary counts pairs at least this far apart (relative)
+MIN_GAP = 0.05
 DASHBOARD = "dashboard.html"
 
 
@@ -78,6 +82,7 @@ class Run:
     settings: dict[str, str]
     condition: tuple[str, ...] = ()
     series: str = ""  # the line it belongs to in a latency-load figure
+    peers: str = ""  # its series but the policy: the runs a policy is compared with
     x: float = math.nan  # its load, or offered rate
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -130,6 +135,7 @@ def place(runs: list[Run]) -> str:
         label = [r.metrics["policy"], r.metrics["trace"]]
         label += [f"{k}={value(r, k)}" for k in kept if k not in (x_key, "policy", "trace")]
         r.series = " | ".join(str(v) for v in label)
+        r.peers = " | ".join(str(v) for v in label[1:])
         if x_key == "load":
             r.x = float(r.metrics.get("load") or r.settings["load"])
         elif x_key is not None:
@@ -164,6 +170,8 @@ def conditions(runs: list[Run]) -> list[dict[str, Any]]:
         row = {
             "condition": " ".join(cond) or members[0].name,
             "series": members[0].series,
+            "policy": members[0].metrics["policy"],
+            "peers": members[0].peers,
             "x": members[0].x,  # one per condition (place)
             "seeds": len(members),
         }
@@ -173,24 +181,68 @@ def conditions(runs: list[Run]) -> list[dict[str, Any]]:
     return rows
 
 
-def differences(rows: list[dict[str, Any]]) -> list[str]:
-    """At each x, the pairs of series (policies) whose metric differs beyond both
-    intervals, for the latency metrics and goodput."""
+def differences(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Among the conditions that differ only in policy (same trace, load and other
+    settings), the pairs whose metric differs beyond both intervals, for the
+    latency metrics and goodput: each with the lower and the higher."""
     found = []
-    by_x: dict[float | None, list[dict]] = defaultdict(list)
+    groups: dict[tuple, list[dict]] = defaultdict(list)
     for row in rows:
-        by_x[_at(row["x"])].append(row)
-    for x, group in by_x.items():
+        groups[(row["peers"], _at(row["x"]))].append(row)
+    for (peers, x), group in groups.items():
+        pairs = len(group) * (len(group) - 1) // 2
         for key in (*CURVES, "goodput_req_s"):
             for i, a in enumerate(group):
                 for b in group[i + 1 :]:
                     if separated(a[key], b[key]):
                         lo, hi = sorted((a, b), key=lambda r: r[key].mean)
-                        found.append(
-                            f"x={_label(x)} {METRICS[key]}: {lo['series']} {lo[key].text()} < "
-                            f"{hi['series']} {hi[key].text()}"
-                        )
+                        found.append({
+                            "peers": peers, "x": x, "metric": key, "pairs": pairs,
+                            "lower": lo["policy"], "lower_value": lo[key].text(),
+                            "higher": hi["policy"], "higher_value": hi[key].text(),
+                            "gap": hi[key].mean / lo[key].mean - 1 if lo[key].mean else math.inf,
+                        })  # fmt: skip
     return found
+
+
+def differences_section(found: list[dict[str, Any]], x_title: str) -> str:
+    """How many policy pairs separate, per setting, load and metric, then every
+    pair (folded)."""
+    if not found:
+        return (
+            "<p>None: no two policies' intervals separate at any load (or a single "
+            "seed per condition states no variation).</p>"
+        )
+    counts: dict[tuple, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    totals: dict[tuple, int] = {}
+    for f in found:
+        totals[(f["peers"], f["x"])] = f["pairs"]
+        if f["gap"] >= MIN_GAP:
+            counts[(f["peers"], f["x"])][f["metric"]] += 1
+    for key in totals:
+        counts.setdefault(key, defaultdict(int))
+    keys = [*CURVES, "goodput_req_s"]
+    rows = [
+        [peers, _label(x), totals[(peers, x)], *(c.get(k, 0) for k in keys)]
+        for (peers, x), c in sorted(counts.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0))
+    ]
+    table = html_table(
+        ["setting", x_title, "policy pairs", *(METRICS[k] for k in keys)],
+        rows,
+        [[_key(v) for v in row] for row in rows],
+    )
+    items = "".join(
+        f"<li>{html.escape(f['peers'])}, {x_title} {_label(f['x'])}, {METRICS[f['metric']]}: "
+        f"{html.escape(f['lower'])} {f['lower_value']} &lt; {html.escape(f['higher'])} "
+        f"{f['higher_value']} (+{f['gap']:.1%})</li>"
+        for f in found
+    )
+    return (
+        "<p>Policy pairs whose intervals do not overlap and whose means are at least "
+        f"{MIN_GAP:.0%} apart, per setting and load (of the pairs compared):</p>{table}"
+        f"<details><summary>every pair whose intervals do not overlap ({len(found)}, "
+        f"with how far apart)</summary><ul>{items}</ul></details>"
+    )
 
 
 def _cell(v: Any) -> str:
@@ -264,14 +316,22 @@ def _label(x: float | None) -> str:
     return "-" if x is None else f"{x:g}"
 
 
-def _colors(names: list[str]) -> dict[str, str]:
+def _colors(series: list[str]) -> dict[str, str]:
+    """A colour per series, by its policy (a series' first part), so that a policy
+    keeps its colour across the figures of a page."""
     import plotly.express as px
 
-    palette = px.colors.qualitative.Plotly
-    return {n: palette[i % len(palette)] for i, n in enumerate(names)}
+    palette = px.colors.qualitative.Plotly + px.colors.qualitative.Dark24
+    policies = sorted({_policy(s) for s in series})
+    return {s: palette[policies.index(_policy(s)) % len(palette)] for s in series}
 
 
-def latency_figure(rows: list[dict[str, Any]], x_title: str):
+def _policy(series: str) -> str:
+    """The legend's name of a series in a figure of one setting: its policy."""
+    return series.split(" | ")[0]
+
+
+def latency_figure(rows: list[dict[str, Any]], x_title: str, heading: str = ""):
     """Latency and goodput against load, one line per series, error bars from
     the intervals."""
     import plotly.graph_objects as go
@@ -302,7 +362,7 @@ def latency_figure(rows: list[dict[str, Any]], x_title: str):
                         arrayminus=[e.mean - e.lo for e in est],
                     ),
                     mode="lines+markers",
-                    name=s,
+                    name=_policy(s),
                     legendgroup=s,
                     showlegend=i == 0,
                     line=dict(color=colors[s]),
@@ -313,9 +373,16 @@ def latency_figure(rows: list[dict[str, Any]], x_title: str):
     fig.update_xaxes(title_text=x_title)
     fig.update_layout(
         height=620,
-        title="Latency and goodput against load (mean and 95% CI, or spread under 5 seeds)",
+        title=f"{heading}: latency and goodput against load (mean and 95% CI, or spread "
+        "under 5 seeds)",
     )
     return fig
+
+
+def _f4(values) -> np.ndarray:
+    """A plotted series as 4-byte floats (plotly embeds numpy arrays as base64: half
+    the bytes of 8-byte ones, and far fewer than JSON text)."""
+    return np.asarray(values, dtype=np.float32)
 
 
 def _quantiles(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -365,7 +432,7 @@ def _dropdown(fig, labels: list[str], members: list[list[int]], title: str) -> N
     )
 
 
-def cdf_figure(runs: list[Run], x_title: str):
+def cdf_figure(runs: list[Run], x_title: str, heading: str = ""):
     """TTFT, TPOT and E2E CDFs per series, pooled over seeds, one load at a time."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
@@ -387,14 +454,17 @@ def cdf_figure(runs: list[Run], x_title: str):
                 by_x[x].append(len(fig.data))
                 fig.add_trace(
                     go.Scatter(
-                        x=v, y=q, mode="lines", name=s, legendgroup=s, showlegend=i == 0,
+                        x=_f4(v), y=_f4(q), mode="lines", name=_policy(s), legendgroup=s,
+                        showlegend=i == 0,
                         line=dict(color=colors[s]),
                     ),
                     row=1,
                     col=i + 1,
                 )  # fmt: skip
     fig.update_yaxes(title_text="fraction of requests", col=1)
-    fig.update_layout(height=420, title="Latency CDFs per policy (requests pooled over seeds)")
+    fig.update_layout(
+        height=420, title=f"{heading}: latency CDFs per policy (requests pooled over seeds)"
+    )
     if by_x:
         _dropdown(fig, [f"{x_title} {_label(x)}" for x in by_x], list(by_x.values()), "at")
     return fig
@@ -409,7 +479,7 @@ def _requests(run: Run) -> pd.DataFrame | None:
     )
 
 
-def fairness_figure(runs: list[Run], rows: list[dict[str, Any]], x_title: str):
+def fairness_figure(runs: list[Run], rows: list[dict[str, Any]], x_title: str, heading: str = ""):
     """Jain's index over tenants against load per series; each tenant's mean TTFT
     per series at each load (a menu picks the load)."""
     import plotly.graph_objects as go
@@ -418,17 +488,17 @@ def fairness_figure(runs: list[Run], rows: list[dict[str, Any]], x_title: str):
     fig = make_subplots(
         rows=1,
         cols=2,
-        subplot_titles=["Jain's index over tenants' service share", "mean TTFT per tenant (s)"],
+        subplot_titles=["Jain's index over tenants' 1 / mean TTFT", "mean TTFT per tenant (s)"],
     )
     series = list(dict.fromkeys(r["series"] for r in rows))
     colors = _colors(series)
     for s in series:
         points = sorted((r for r in rows if r["series"] == s), key=lambda r: r["x"])
-        est = [p["tenant_service_jain"] for p in points]
+        est = [p["tenant_ttft_jain"] for p in points]
         fig.add_trace(
             go.Scatter(
                 x=[p["x"] for p in points], y=[e.mean for e in est], mode="lines+markers",
-                name=s, legendgroup=s, line=dict(color=colors[s]),
+                name=_policy(s), legendgroup=s, line=dict(color=colors[s]),
                 error_y=dict(type="data", symmetric=False, array=[e.hi - e.mean for e in est],
                              arrayminus=[e.mean - e.lo for e in est]),
             ),
@@ -450,7 +520,8 @@ def fairness_figure(runs: list[Run], rows: list[dict[str, Any]], x_title: str):
             by_x[x].append(len(fig.data))
             fig.add_trace(
                 go.Bar(
-                    x=names, y=[e.mean for e in est], name=s, legendgroup=s, showlegend=False,
+                    x=names, y=[e.mean for e in est], name=_policy(s), legendgroup=s,
+                    showlegend=False,
                     marker_color=colors[s],
                     error_y=dict(type="data", symmetric=False, array=[e.hi - e.mean for e in est],
                                  arrayminus=[e.mean - e.lo for e in est]),
@@ -458,15 +529,21 @@ def fairness_figure(runs: list[Run], rows: list[dict[str, Any]], x_title: str):
                 row=1, col=2,
             )  # fmt: skip
     fig.update_xaxes(title_text=x_title, col=1)
-    fig.update_layout(height=420, barmode="group", title="Fairness across tenants")
+    fig.update_layout(height=420, barmode="group", title=f"{heading}: fairness across tenants")
     if by_x:
         labels = [f"{x_title} {_label(x)}" for x in by_x]
         _dropdown(fig, labels, [list(range(fixed)) + v for v in by_x.values()], "tenants at")
     return fig
 
 
+TIMELINE_POINTS = 200  # per series and run in the dashboard (timeline.csv has 500)
+
+
 def timeline_figure(runs: list[Run]):
-    """Queue length, running requests and KV usage over time, one run at a time."""
+    """Queue length, running requests and KV usage over time, one run at a time:
+    each condition's first seed (its others differ in the draw alone), each
+    series thinned to :data:`TIMELINE_POINTS`, so that a sweep of hundreds of
+    runs stays a page of a few MB."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -476,17 +553,22 @@ def timeline_figure(runs: list[Run]):
         shared_xaxes=True,
         subplot_titles=["waiting requests", "running requests", "KV usage"],
     )
-    labels, members = [], []
+    labels, members, seen = [], [], set()
     for r in runs:
         path = r.folder / "timeline.csv"
-        if not path.exists():
+        if r.condition in seen or not path.exists():
             continue
+        seen.add(r.condition)
         t = pd.read_csv(path)
+        if len(t) > TIMELINE_POINTS:
+            t = t.iloc[np.linspace(0, len(t) - 1, TIMELINE_POINTS).round().astype(int)]
         shown = []
         for i, col in enumerate(("num_waiting", "num_running", "kv_usage")):
             shown.append(len(fig.data))
             fig.add_trace(
-                go.Scatter(x=t["time_s"], y=t[col], mode="lines", name=col, showlegend=False),
+                go.Scatter(
+                    x=_f4(t["time_s"]), y=_f4(t[col]), mode="lines", name=col, showlegend=False
+                ),
                 row=i + 1,
                 col=1,
             )
@@ -576,14 +658,30 @@ _CSS = """
 body { font-family: sans-serif; margin: 1.5em; }
 table { border-collapse: collapse; font-size: 13px; margin-bottom: 1em; }
 th, td { border: 1px solid #ccc; padding: 3px 6px; text-align: right; }
-th { background: #f0f0f0; cursor: pointer; }
+th { background: #f0f0f0; cursor: pointer; position: sticky; top: 0; }
+div.scroll { max-height: 480px; overflow: auto; margin-bottom: 1em; }
 td:first-child, th:first-child { text-align: left; }
 th[data-order=asc]::after { content: ' \\25B2'; } th[data-order=desc]::after { content: ' \\25BC'; }
 """
 
 
-def build(root: Path, title: str | None = None) -> str:
-    """The dashboard's HTML for the runs under ``root``."""
+def condition_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """:func:`conditions` as a table: per metric its mean, interval (``_lo``,
+    ``_hi``) and the interval's kind (``ci95``, ``range`` or ``single``)."""
+    out = []
+    for row in rows:
+        flat = {k: row[k] for k in ("condition", "series", "x", "seeds")}
+        for key in METRICS:
+            est = row[key]
+            flat |= {key: est.mean, f"{key}_lo": est.lo, f"{key}_hi": est.hi}
+        flat["interval"] = next((row[k].kind for k in METRICS if row[k].n), "single")
+        out.append(flat)
+    return pd.DataFrame(out)
+
+
+def build(root: Path, title: str | None = None, conditions_csv: Path | None = None) -> str:
+    """The dashboard's HTML for the runs under ``root``; also writes the
+    per-condition table to ``conditions_csv`` where given."""
     import plotly.io as pio
     from plotly.offline import get_plotlyjs
 
@@ -592,28 +690,28 @@ def build(root: Path, title: str | None = None) -> str:
         raise ValueError(f"{root}: no run folder with a metrics.json under it")
     x_title = place(runs)
     rows = conditions(runs)
+    if conditions_csv is not None:
+        condition_frame(rows).to_csv(conditions_csv, index=False)
     found = differences(rows)
-    sections = [
-        ("Runs", run_table(runs)),
-        ("Per condition (over seeds)", condition_table(rows, x_title)),
-        (
-            "Differences beyond the intervals",
-            "<ul>" + "".join(f"<li>{html.escape(f)}</li>" for f in found) + "</ul>"
-            if found
-            else "<p>None: no two policies' intervals separate at any load (or a single "
-            "seed per condition states no variation).</p>",
-        ),
+    head = [("Differences beyond the intervals", differences_section(found, x_title))]
+    tables = [
+        ("Per condition (over seeds)", _scrolled(condition_table(rows, x_title))),
+        ("Runs", _scrolled(run_table(runs))),
     ]
-    figures = [
-        ("Latency against load", latency_figure(rows, x_title)),
-        ("Latency CDFs", cdf_figure(runs, x_title)),
-        ("Fairness", fairness_figure(runs, rows, x_title)),
-        ("Over time", timeline_figure(runs)),
-    ]
+    figures = []
+    for peers in dict.fromkeys(r.peers for r in runs):  # a trace (and setting) at a time
+        mine = [r for r in runs if r.peers == peers]
+        rows_p = [row for row in rows if row["peers"] == peers]
+        figures += [
+            (f"{peers}: latency against load", latency_figure(rows_p, x_title, peers)),
+            (f"{peers}: latency CDFs", cdf_figure(mine, x_title, peers)),
+            (f"{peers}: fairness", fairness_figure(mine, rows_p, x_title, peers)),
+        ]
+    figures.append(("Over time", timeline_figure(runs)))
     fidelity = fidelity_section(runs)
     if fidelity is not None:
         figures.append(("Simulation against real runs", fidelity[0]))
-        sections.append(("Simulation against real runs: errors", fidelity[1]))
+        tables.insert(0, ("Simulation against real runs: errors", fidelity[1]))
     data = {
         "runs": [
             {
@@ -633,12 +731,13 @@ def build(root: Path, title: str | None = None) -> str:
         ],
         "differences": found,
     }
-    parts = [f"<h2>{html.escape(h)}</h2>{body}" for h, body in sections]
+    parts = [f"<h2>{html.escape(h)}</h2>{body}" for h, body in head]
     for heading, fig in figures:
         parts.append(
             f"<h2>{html.escape(heading)}</h2>"
             + pio.to_html(fig, full_html=False, include_plotlyjs=False)
         )
+    parts += [f"<h2>{html.escape(h)}</h2>{body}" for h, body in tables]
     title = title or f"Sweep {root.name}"
     payload = json.dumps(_clean(data)).replace("</", "<\\/")
     return (
@@ -649,6 +748,11 @@ def build(root: Path, title: str | None = None) -> str:
         + "".join(parts)
         + f"<script type='application/json' id='dashboard-data'>{payload}</script></body></html>"
     )
+
+
+def _scrolled(table: str) -> str:
+    """A long table in a box of its own height (a sweep has hundreds of runs)."""
+    return f"<div class='scroll'>{table}</div>"
 
 
 def _clean(v: Any) -> Any:
@@ -664,8 +768,13 @@ def _clean(v: Any) -> Any:
     return v
 
 
+CONDITIONS = "sweep_conditions.csv"
+
+
 def write_dashboard(root: Path, out: Path | None = None, title: str | None = None) -> Path:
-    """Write :func:`build`'s page to ``out`` (``root/dashboard.html``)."""
+    """Write :func:`build`'s page to ``out`` (``root/dashboard.html``), and the
+    per-condition table (means and intervals over seeds) beside it
+    (:data:`CONDITIONS`)."""
     out = out or root / DASHBOARD
-    out.write_text(build(root, title))
+    out.write_text(build(root, title, out.parent / CONDITIONS))
     return out

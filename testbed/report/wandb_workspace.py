@@ -23,7 +23,7 @@ COMPARED = {
     "e2e_s_mean": "E2E mean (s)",
     "goodput_req_s": "goodput (req/s)",
     "slo_attainment": "SLO attainment",
-    "tenant_service_jain": "Jain's index over tenants",
+    "tenant_ttft_jain": "Jain's index over tenants (1 / mean TTFT)",
 }
 
 

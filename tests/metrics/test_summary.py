@@ -50,3 +50,13 @@ def test_jain_is_one_for_equal_shares_and_one_over_n_for_one_tenant_served():
     assert _jain(np.array([0.5, 0.5, 0.5])) == pytest.approx(1.0)
     assert _jain(np.array([1.0, 0.0, 0.0, 0.0])) == pytest.approx(0.25)
     assert _jain(np.array([1.0, 30 / 80])) == pytest.approx((1 + 0.375) ** 2 / (2 * (1 + 0.375**2)))
+
+
+def test_ttft_jain_sees_one_tenant_kept_waiting_where_service_jain_cannot(tmp_path):
+    from tests.sim.helpers import run
+
+    m = run(tmp_path, "trace.num_requests=40")
+    ttft = [t["ttft_s_mean"] for t in m["per_tenant"].values()]
+    inv = np.array([1 / t for t in ttft])
+    assert m["tenant_ttft_jain"] == pytest.approx(inv.sum() ** 2 / (len(inv) * (inv**2).sum()))
+    assert m["tenant_service_jain"] == 1.0  # every request served in the end

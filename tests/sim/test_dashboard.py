@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 
+import pandas as pd
 import pytest
 
 from testbed.dashboard import main as dashboard_main
@@ -52,6 +53,10 @@ def test_a_sweep_writes_a_dashboard_whose_numbers_are_its_runs(tmp_path):
     runs = [r["e2e_s_mean"] for r in data["runs"] if r["policy"] == "fcfs" and r["x"] == 8.0]
     assert fcfs8["kind"] == "range" and (fcfs8["lo"], fcfs8["hi"]) == (min(runs), max(runs))
     assert fcfs8["mean"] == pytest.approx(sum(runs) / 2)
+    table = pd.read_csv(tmp_path / "sweep_conditions.csv")
+    row = table[(table["series"] == "fcfs | synthetic") & (table["x"] == 8.0)].iloc[0]
+    assert (row["e2e_s_mean_lo"], row["e2e_s_mean_hi"]) == (min(runs), max(runs))
+    assert row["interval"] == "range" and row["seeds"] == 2
     # the summary table shows each run's numbers as the run folder has them
     first = data["runs"][0]["run"]
     assert f"<td data-key='{html.escape(json.dumps(first))}'>{html.escape(first)}</td>" in text
@@ -77,15 +82,17 @@ def test_policies_apart_beyond_their_intervals_are_named_and_sim_real_pairs_show
     fake_run(tmp_path, "sim-fcfs", ["mode=sim", "policy=fcfs"], policy="fcfs", e2e_s_mean=2.2)
     text = build(tmp_path)
     data = page_data(text)
-    assert any("TTFT p99: sjf" in d and "< fcfs" in d for d in data["differences"]), data[
-        "differences"
-    ]
+    (apart,) = data["differences"]  # the only metric that differs
+    assert (apart["metric"], apart["lower"], apart["higher"]) == ("ttft_s_p99", "sjf", "fcfs")
+    assert apart["gap"] == pytest.approx(1.02 / 0.52 - 1)
+    assert "sjf 0.52 ± 0.01963 &lt; fcfs 1.02 ± 0.01963 (+96.2%)" in text
     ci = next(c for c in data["conditions"] if c["series"] == "sjf | synthetic | mode=sim")[
         "ttft_s_p99"
     ]
     assert ci["kind"] == "ci95" and ci["n"] == 5
     assert "Simulation against real runs" in text and "+10.0%" not in text  # errors as numbers
-    assert "0.1" in text and text.count('class="plotly-graph-div"') == 5
+    # per setting (sim, real): latency, CDFs, fairness; then the timeline and sim-vs-real
+    assert text.count('class="plotly-graph-div"') == 2 * 3 + 2
 
 
 def test_the_command_names_a_folder_without_runs(tmp_path, capsys):
