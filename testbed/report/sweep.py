@@ -93,6 +93,42 @@ def pair_key(overrides: list[str] | None, metrics: dict[str, Any]) -> tuple[str,
 FAILED = "failed.json"  # a failed job's error and sweep, in its folder
 
 
+# Rows read so far, by run folder, with the version of its metrics.json they came
+# from: a sweep's summary is rewritten after every job, and rereading every
+# finished job's files each time would grow with the square of the jobs.
+_ROWS: dict[Path, tuple[tuple[int, int], dict[str, Any]]] = {}
+
+
+def run_row(run_dir: Path) -> dict[str, Any] | str:
+    """A job's row (see :func:`sweep_runs`), or why its ``metrics.json`` could not be
+    read."""
+    path = run_dir / "metrics.json"
+    try:
+        stat = path.stat()
+    except OSError as err:
+        return f"{path}: {err}"
+    version = (stat.st_mtime_ns, stat.st_size)
+    known = _ROWS.get(run_dir)
+    if known is not None and known[0] == version:
+        return known[1]
+    try:
+        metrics = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        return f"{path}: {err}"
+    if not isinstance(metrics, dict):
+        return f"{path}: not a JSON object"
+    overrides = job_overrides(run_dir)
+    row = {
+        "run": run_dir.name,
+        **{key: metrics.get(key) for key in COLUMNS},
+        "partial": bool(metrics.get("partial")),
+        "pair": pair_key(overrides, metrics),
+        "settings": settings(overrides or []),
+    }
+    _ROWS[run_dir] = (version, row)
+    return row
+
+
 def sweep_runs(sweep_dir: Path, sweep: str | None = None) -> tuple[list[dict[str, Any]], list[str]]:
     """Every job under ``sweep_dir`` that wrote a ``metrics.json``, in job order: the
     :data:`COLUMNS`, ``partial``, its directory's name (``run``), its
@@ -102,25 +138,12 @@ def sweep_runs(sweep_dir: Path, sweep: str | None = None) -> tuple[list[dict[str
     runs, unread = [], []
     for run_dir in sorted((p.parent for p in sweep_dir.glob("*/metrics.json")), key=job_order):
         own = sweep is None or read_claim(run_dir).get("sweep") == sweep
-        path = run_dir / "metrics.json"
-        try:
-            metrics = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as err:
+        row = run_row(run_dir)
+        if isinstance(row, str):
             if own:
-                unread.append(f"{path}: {err}")
+                unread.append(row)
             continue
-        if not isinstance(metrics, dict):
-            if own:
-                unread.append(f"{path}: not a JSON object")
-            continue
-        runs.append({
-            "run": run_dir.name,
-            **{key: metrics.get(key) for key in COLUMNS},
-            "partial": bool(metrics.get("partial")),
-            "pair": pair_key(job_overrides(run_dir), metrics),
-            "settings": settings(job_overrides(run_dir) or []),
-            "own": own,
-        })  # fmt: skip
+        runs.append({**row, "own": own})
     return runs, unread
 
 

@@ -29,8 +29,9 @@ def start(mode: str, directory: Path, **init: Any):
     import wandb
 
     directory.mkdir(parents=True, exist_ok=True)
-    # console="off": the run folder has the console's log (Hydra's run.log)
-    settings = wandb.Settings(console="off")
+    # console="off": the run folder has the console's log (Hydra's run.log);
+    # x_disable_stats: no system-metrics process (a simulation lasts seconds)
+    settings = wandb.Settings(console="off", x_disable_stats=True)
     return wandb.init(
         mode=mode, dir=str(directory), reinit="finish_previous", settings=settings, **init
     )

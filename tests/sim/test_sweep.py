@@ -146,3 +146,20 @@ def test_the_summary_shows_every_swept_key(tmp_path):
     assert "load" in head and "engine.max_num_seqs" not in head  # the same in both
     table = pd.read_csv(tmp_path / "sweep_summary.csv")
     assert list(table["load"]) == [0.5, 0.9]
+
+
+def test_a_job_is_read_once_until_its_metrics_change(tmp_path, monkeypatch):
+    from testbed.report import sweep as sweep_module
+
+    job(tmp_path, 0, "sim", "fcfs")
+    reads = []
+    real = sweep_module.job_overrides
+    monkeypatch.setattr(sweep_module, "job_overrides", lambda d: reads.append(d) or real(d))
+    first, _ = sweep_runs(tmp_path)
+    again, _ = sweep_runs(tmp_path)
+    assert len(reads) == 1 and again == first  # the second summary reused the row
+    path = tmp_path / "0_sim_fcfs_synthetic" / "metrics.json"
+    metrics = json.loads(path.read_text()) | {"e2e_s_mean": 2.75}
+    path.write_text(json.dumps(metrics))  # rewritten (a longer file): read anew
+    (row,), _ = sweep_runs(tmp_path)
+    assert row["e2e_s_mean"] == 2.75 and len(reads) == 2
