@@ -371,10 +371,12 @@ def latency_figure(rows: list[dict[str, Any]], x_title: str, heading: str = ""):
                 col=i % 3 + 1,
             )
     fig.update_xaxes(title_text=x_title)
+    for i in range(len(CURVES)):  # latencies span orders of magnitude past capacity
+        fig.update_yaxes(type="log", row=i // 3 + 1, col=i % 3 + 1)
     fig.update_layout(
         height=620,
-        title=f"{heading}: latency and goodput against load (mean and 95% CI, or spread "
-        "under 5 seeds)",
+        title=f"{heading}: latency (log scale) and goodput against load (mean and 95% CI, "
+        "or spread under 5 seeds)",
     )
     return fig
 
