@@ -28,6 +28,7 @@ def test_the_documented_experiments_exist():
         assert f"+experiment={name}" in readme, f"README: no line for {name}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_every_swept_value_composes_and_validates(name):
     params = sweep_params(name)

@@ -6,8 +6,11 @@ from __future__ import annotations
 import json
 
 import pandas as pd
+import pytest
 
 from testbed.report.wandb_process import WandbProcess
+
+pytestmark = pytest.mark.slow  # each starts W&B in a child process (a second or more)
 
 
 def written_run(folder):
