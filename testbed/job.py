@@ -76,13 +76,19 @@ def run_from_config(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[
     trace, requests = load_requests(cfg, spec, rate=load.get("rate_req_s"), stream=sim)
     fields = run_fields(cfg, spec.name, trace)
     del trace
-    # W&B starts now, in a process beside the simulation (report/wandb_process.py)
-    wandb = WandbProcess(
-        wandb_settings(cfg, fields),
-        run_dir,
-        f"{cfg.mode.name}-{fields['policy']}-{cfg.trace.name}",
-        logged_config(cfg, load),
-    )
+
+    def start_wandb() -> WandbProcess:
+        return WandbProcess(
+            wandb_settings(cfg, fields),
+            run_dir,
+            f"{cfg.mode.name}-{fields['policy']}-{cfg.trace.name}",
+            logged_config(cfg, load),
+        )
+
+    # W&B starts in a process beside a simulation (report/wandb_process.py); beside a
+    # real run it would take CPU from the engine whose step times the run measures,
+    # so there it starts after.
+    wandb = start_wandb() if sim else None
     progress = Progress(len(requests), cfg.progress)
     try:
         try:
@@ -104,9 +110,10 @@ def run_from_config(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[
             **extra,
         }
     except BaseException as e:
-        wandb.abandon(f"{type(e).__name__}: {e}")
+        if wandb is not None:
+            wandb.abandon(f"{type(e).__name__}: {e}")
         raise
-    report(cfg, run_dir, result, req_df, metrics, wandb, wall_start)
+    report(cfg, run_dir, result, req_df, metrics, wandb or start_wandb(), wall_start)
     if isinstance(result.error, KeyboardInterrupt):
         raise result.error  # written; the entry point exits with the signal's status
     if result.error is not None:
