@@ -1,4 +1,5 @@
-"""A run's W&B logging, in a process of its own started when the run starts.
+"""A run's W&B logging, in a process of its own, started when a simulation starts
+(a real run starts it after its last step: ``testbed/job.py``).
 
 W&B's import and ``init`` take about a second (most of it waiting for W&B's
 service process to come up). In a thread of the run's own process they slow a
