@@ -19,7 +19,8 @@ beside it):
 * where the sweep ran ``mode=sim,real`` pairs, each simulation against its real
   run (``testbed.report.sweep.fidelity_pairs``): a scatter and the error table.
 
-The data behind the tables is also embedded as JSON (``<script
+The runs and conditions come from ``dashboard_data.py``, the figures from
+``dashboard_figures.py``. The data behind the tables is also embedded as JSON (``<script
 id="dashboard-data">``), which the tests read back.
 """
 
@@ -29,180 +30,34 @@ import html
 import json
 import math
 from collections import defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
-from testbed.report.stats import estimate, separated
-from testbed.report.sweep import (
-    TARGETS,
-    fidelity_pairs,
-    job_order,
-    job_overrides,
-    pair_key,
-    settings,
+from testbed.report.dashboard_data import (
+    CURVES,
+    METRICS,
+    MIN_GAP,
+    Run,
+    condition_frame,
+    conditions,
+    differences,
+    find_runs,
+    load_label,
+    place,
+    value,
 )
+from testbed.report.dashboard_figures import (
+    cdf_figure,
+    fairness_figure,
+    fidelity_figure,
+    latency_figure,
+    timeline_figure,
+)
+from testbed.report.sweep import TARGETS
 
-# metrics.json keys of the tables, with their headings
-METRICS = {
-    "throughput_req_s": "req/s",
-    "ttft_s_p50": "TTFT p50",
-    "ttft_s_p99": "TTFT p99",
-    "tpot_s_mean": "TPOT mean",
-    "tpot_s_p99": "TPOT p99",
-    "e2e_s_mean": "E2E mean",
-    "goodput_req_s": "goodput",
-    "slo_attainment": "SLO att.",
-    "tenant_service_jain": "Jain (service)",
-    "tenant_ttft_jain": "Jain (TTFT)",
-}
-# The latency-throughput panels
-CURVES = ("ttft_s_p50", "ttft_s_p99", "tpot_s_mean", "tpot_s_p99", "e2e_s_mean")
-# Settings that are not what a condition compares: repeats and display
-REPEAT_KEYS = ("seed", "trace.seed")
-# Where a sweep varies the load, the x axis: the first of these it sets
-LOAD_KEYS = ("load", "trace.rate")
-CDF_POINTS = 200  # quantiles kept per CDF line
-# Where seeds vary little (a trace's own arrivals, its tenants drawn anew), tiny gaps
-# separate too: the summary counts pairs at least this far apart (relative)
-MIN_GAP = 0.05
 DASHBOARD = "dashboard.html"
-
-
-@dataclass
-class Run:
-    """One run folder's metrics and where it stands in the sweep."""
-
-    folder: Path
-    name: str
-    metrics: dict[str, Any]
-    settings: dict[str, str]
-    condition: tuple[str, ...] = ()
-    series: str = ""  # the line it belongs to in a latency-load figure
-    peers: str = ""  # its series but the policy: the runs a policy is compared with
-    x: float = math.nan  # its load, or offered rate
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-def find_runs(root: Path) -> list[Run]:
-    """Every run folder under ``root`` that wrote a readable ``metrics.json``, in
-    job order (unreadable ones are skipped with a line on stderr)."""
-    runs = []
-    for path in sorted(root.rglob("metrics.json"), key=lambda p: job_order(p.parent)):
-        if any(part in ("wandb", ".hydra") for part in path.parts):
-            continue
-        try:
-            metrics = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            print(f"dashboard: skipping {path} ({e})")
-            continue
-        if not isinstance(metrics, dict) or "policy" not in metrics:
-            continue
-        overrides = job_overrides(path.parent) or []
-        name = str(path.parent.relative_to(root)) if path.parent != root else root.name
-        runs.append(Run(path.parent, name, metrics, settings(overrides)))
-    return runs
-
-
-def value(run: Run, key: str) -> str:
-    """The run's setting ``key``: its override, else its metrics' value where they
-    name it (``mode``, ``policy``, ``seed``...), else '-'."""
-    if key in run.settings:
-        return run.settings[key]
-    return str(run.metrics[key]) if key in run.metrics else "-"
-
-
-def _x_key(runs: list[Run]) -> str | None:
-    for key in LOAD_KEYS:
-        if len({value(r, key) for r in runs}) > 1:
-            return key
-    return None
-
-
-def place(runs: list[Run]) -> str:
-    """Give each run its condition, series and x; returns the x axis's title."""
-    swept = [
-        k for k in dict.fromkeys(k for r in runs for k in r.settings)
-        if len({value(r, k) for r in runs}) > 1
-    ]  # fmt: skip
-    x_key = _x_key(runs)
-    kept = [k for k in swept if k not in REPEAT_KEYS]
-    for r in runs:
-        r.condition = tuple(f"{k}={value(r, k)}" for k in kept)
-        label = [r.metrics["policy"], r.metrics["trace"]]
-        label += [f"{k}={value(r, k)}" for k in kept if k not in (x_key, "policy", "trace")]
-        r.series = " | ".join(str(v) for v in label)
-        r.peers = " | ".join(str(v) for v in label[1:])
-        if x_key == "load":
-            r.x = float(r.metrics.get("load") or r.settings["load"])
-        elif x_key is not None:
-            r.x = float(r.settings[x_key])
-        else:
-            r.x = float(r.metrics.get("load") or r.metrics.get("offered_req_s") or math.nan)
-    xs: dict[tuple, list[float]] = defaultdict(list)
-    for r in runs:  # seeds of a condition offer slightly different rates: one x for all
-        xs[r.condition].append(r.x)
-    for r in runs:
-        r.x = (
-            float(np.nanmean(xs[r.condition]))
-            if not all(map(math.isnan, xs[r.condition]))
-            else math.nan
-        )
-    return {"load": "load (fraction of capacity)", "trace.rate": "rate (req/s)"}.get(
-        x_key or "", "load" if any(r.metrics.get("load") for r in runs) else "offered (req/s)"
-    )
-
-
-# --- tables ---
-
-
-def conditions(runs: list[Run]) -> list[dict[str, Any]]:
-    """Per condition: its series and x, how many seeds, and each :data:`METRICS`
-    metric's estimate over them."""
-    groups: dict[tuple, list[Run]] = defaultdict(list)
-    for r in runs:
-        groups[r.condition].append(r)
-    rows = []
-    for cond, members in groups.items():
-        row = {
-            "condition": " ".join(cond) or members[0].name,
-            "series": members[0].series,
-            "policy": members[0].metrics["policy"],
-            "peers": members[0].peers,
-            "x": members[0].x,  # one per condition (place)
-            "seeds": len(members),
-        }
-        for key in METRICS:
-            row[key] = estimate([m.metrics.get(key) for m in members])
-        rows.append(row)
-    return rows
-
-
-def differences(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Among the conditions that differ only in policy (same trace, load and other
-    settings), the pairs whose metric differs beyond both intervals, for the
-    latency metrics and goodput: each with the lower and the higher."""
-    found = []
-    groups: dict[tuple, list[dict]] = defaultdict(list)
-    for row in rows:
-        groups[(row["peers"], _at(row["x"]))].append(row)
-    for (peers, x), group in groups.items():
-        pairs = len(group) * (len(group) - 1) // 2
-        for key in (*CURVES, "goodput_req_s"):
-            for i, a in enumerate(group):
-                for b in group[i + 1 :]:
-                    if separated(a[key], b[key]):
-                        lo, hi = sorted((a, b), key=lambda r: r[key].mean)
-                        found.append({
-                            "peers": peers, "x": x, "metric": key, "pairs": pairs,
-                            "lower": lo["policy"], "lower_value": lo[key].text(),
-                            "higher": hi["policy"], "higher_value": hi[key].text(),
-                            "gap": hi[key].mean / lo[key].mean - 1 if lo[key].mean else math.inf,
-                        })  # fmt: skip
-    return found
 
 
 def differences_section(found: list[dict[str, Any]], x_title: str) -> str:
@@ -223,7 +78,7 @@ def differences_section(found: list[dict[str, Any]], x_title: str) -> str:
         counts.setdefault(key, defaultdict(int))
     keys = [*CURVES, "goodput_req_s"]
     rows = [
-        [peers, _label(x), totals[(peers, x)], *(c.get(k, 0) for k in keys)]
+        [peers, load_label(x), totals[(peers, x)], *(c.get(k, 0) for k in keys)]
         for (peers, x), c in sorted(counts.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0))
     ]
     table = html_table(
@@ -232,7 +87,7 @@ def differences_section(found: list[dict[str, Any]], x_title: str) -> str:
         [[_key(v) for v in row] for row in rows],
     )
     items = "".join(
-        f"<li>{html.escape(f['peers'])}, {x_title} {_label(f['x'])}, {METRICS[f['metric']]}: "
+        f"<li>{html.escape(f['peers'])}, {x_title} {load_label(f['x'])}, {METRICS[f['metric']]}: "
         f"{html.escape(f['lower'])} {f['lower_value']} &lt; {html.escape(f['higher'])} "
         f"{f['higher_value']} (+{f['gap']:.1%})</li>"
         for f in found
@@ -304,341 +159,6 @@ def condition_table(rows: list[dict[str, Any]], x_title: str) -> str:
     return html_table(headings, cells, keys)
 
 
-# --- figures ---
-
-
-def _at(x: float) -> float | None:
-    """A load as a grouping key (None where a run has none)."""
-    return None if math.isnan(x) else round(x, 9)
-
-
-def _label(x: float | None) -> str:
-    return "-" if x is None else f"{x:g}"
-
-
-def _colors(series: list[str]) -> dict[str, str]:
-    """A colour per series, by its policy (a series' first part), so that a policy
-    keeps its colour across the figures of a page."""
-    import plotly.express as px
-
-    palette = px.colors.qualitative.Plotly + px.colors.qualitative.Dark24
-    policies = sorted({_policy(s) for s in series})
-    return {s: palette[policies.index(_policy(s)) % len(palette)] for s in series}
-
-
-def _policy(series: str) -> str:
-    """The legend's name of a series in a figure of one setting: its policy."""
-    return series.split(" | ")[0]
-
-
-def latency_figure(rows: list[dict[str, Any]], x_title: str, heading: str = ""):
-    """Latency and goodput against load, one line per series, error bars from
-    the intervals."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    panels = (*CURVES, "goodput_req_s")
-    fig = make_subplots(
-        rows=2,
-        cols=3,
-        subplot_titles=[
-            METRICS[k] + (" (req/s)" if k == "goodput_req_s" else " (s)") for k in panels
-        ],
-    )
-    series = list(dict.fromkeys(r["series"] for r in rows))
-    colors = _colors(series)
-    for s in series:
-        points = sorted((r for r in rows if r["series"] == s), key=lambda r: r["x"])
-        for i, key in enumerate(panels):
-            est = [p[key] for p in points]
-            fig.add_trace(
-                go.Scatter(
-                    x=[p["x"] for p in points],
-                    y=[e.mean for e in est],
-                    error_y=dict(
-                        type="data",
-                        symmetric=False,
-                        array=[e.hi - e.mean for e in est],
-                        arrayminus=[e.mean - e.lo for e in est],
-                    ),
-                    mode="lines+markers",
-                    name=_policy(s),
-                    legendgroup=s,
-                    showlegend=i == 0,
-                    line=dict(color=colors[s]),
-                ),
-                row=i // 3 + 1,
-                col=i % 3 + 1,
-            )
-    fig.update_xaxes(title_text=x_title)
-    for i in range(len(CURVES)):  # latencies span orders of magnitude past capacity
-        fig.update_yaxes(type="log", row=i // 3 + 1, col=i % 3 + 1)
-    fig.update_layout(
-        height=620,
-        title=f"{heading}: latency (log scale) and goodput against load (mean and 95% CI, "
-        "or spread under 5 seeds)",
-    )
-    return fig
-
-
-def _f4(values) -> np.ndarray:
-    """A plotted series as 4-byte floats (plotly embeds numpy arrays as base64: half
-    the bytes of 8-byte ones, and far fewer than JSON text)."""
-    return np.asarray(values, dtype=np.float32)
-
-
-def _quantiles(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    values = np.sort(values[~np.isnan(values)])
-    if values.size == 0:
-        return values, values
-    q = np.linspace(0, 1, min(CDF_POINTS, values.size))
-    return np.quantile(values, q), q
-
-
-def _dropdown(fig, labels: list[str], members: list[list[int]], title: str) -> None:
-    """A menu over ``labels``; each shows the traces ``members`` lists."""
-    n = len(fig.data)
-    buttons = []
-    for label, shown in zip(labels, members, strict=True):
-        visible = [False] * n
-        for i in shown:
-            visible[i] = True
-        buttons.append(dict(label=label, method="update", args=[{"visible": visible}]))
-    for i in range(n):
-        fig.data[i].visible = i in set(members[-1]) if members else True
-    fig.update_layout(
-        updatemenus=[
-            dict(
-                buttons=buttons,
-                active=len(buttons) - 1,
-                x=1,
-                xanchor="right",
-                y=1.22,
-                yanchor="bottom",
-            )
-        ],
-        annotations=[
-            *fig.layout.annotations,
-            dict(
-                text=title,
-                x=0.8,
-                y=1.24,
-                xref="paper",
-                yref="paper",
-                showarrow=False,
-                xanchor="right",
-                yanchor="bottom",
-            ),
-        ],
-        margin=dict(t=130),
-    )
-
-
-def cdf_figure(runs: list[Run], x_title: str, heading: str = ""):
-    """TTFT, TPOT and E2E CDFs per series, pooled over seeds, one load at a time."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    fig = make_subplots(rows=1, cols=3, subplot_titles=["TTFT (s)", "TPOT (s)", "E2E (s)"])
-    series = list(dict.fromkeys(r.series for r in runs))
-    colors = _colors(series)
-    by_x: dict[float, list[int]] = defaultdict(list)
-    for x in dict.fromkeys(_at(r.x) for r in sorted(runs, key=lambda r: r.x)):
-        for s in series:
-            members = [r for r in runs if r.series == s and _at(r.x) == x]
-            frames = [_requests(r) for r in members]
-            frames = [f for f in frames if f is not None]
-            if not frames:
-                continue
-            pooled = pd.concat(frames)
-            for i, col in enumerate(("ttft_s", "tpot_s", "e2e_s")):
-                v, q = _quantiles(pooled[col].to_numpy(float))
-                by_x[x].append(len(fig.data))
-                fig.add_trace(
-                    go.Scatter(
-                        x=_f4(v), y=_f4(q), mode="lines", name=_policy(s), legendgroup=s,
-                        showlegend=i == 0,
-                        line=dict(color=colors[s]),
-                    ),
-                    row=1,
-                    col=i + 1,
-                )  # fmt: skip
-    fig.update_yaxes(title_text="fraction of requests", col=1)
-    fig.update_layout(
-        height=420, title=f"{heading}: latency CDFs per policy (requests pooled over seeds)"
-    )
-    if by_x:
-        _dropdown(fig, [f"{x_title} {_label(x)}" for x in by_x], list(by_x.values()), "at")
-    return fig
-
-
-def _requests(run: Run) -> pd.DataFrame | None:
-    path = run.folder / "requests.csv"
-    if not path.exists():
-        return None
-    return pd.read_csv(
-        path, usecols=lambda c: c in ("tenant", "status", "ttft_s", "tpot_s", "e2e_s")
-    )
-
-
-def fairness_figure(runs: list[Run], rows: list[dict[str, Any]], x_title: str, heading: str = ""):
-    """Jain's index over tenants against load per series; each tenant's mean TTFT
-    per series at each load (a menu picks the load)."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    fig = make_subplots(
-        rows=1,
-        cols=2,
-        subplot_titles=["Jain's index over tenants' 1 / mean TTFT", "mean TTFT per tenant (s)"],
-    )
-    series = list(dict.fromkeys(r["series"] for r in rows))
-    colors = _colors(series)
-    for s in series:
-        points = sorted((r for r in rows if r["series"] == s), key=lambda r: r["x"])
-        est = [p["tenant_ttft_jain"] for p in points]
-        fig.add_trace(
-            go.Scatter(
-                x=[p["x"] for p in points], y=[e.mean for e in est], mode="lines+markers",
-                name=_policy(s), legendgroup=s, line=dict(color=colors[s]),
-                error_y=dict(type="data", symmetric=False, array=[e.hi - e.mean for e in est],
-                             arrayminus=[e.mean - e.lo for e in est]),
-            ),
-            row=1, col=1,
-        )  # fmt: skip
-    fixed = len(fig.data)
-    by_x: dict[float, list[int]] = defaultdict(list)
-    for x in dict.fromkeys(_at(r.x) for r in sorted(runs, key=lambda r: r.x)):
-        for s in series:
-            members = [r for r in runs if r.series == s and _at(r.x) == x]
-            tenants: dict[str, list[float]] = defaultdict(list)
-            for r in members:
-                for t, stats in (r.metrics.get("per_tenant") or {}).items():
-                    tenants[t].append(stats.get("ttft_s_mean"))
-            if not tenants:
-                continue
-            names = sorted(tenants)
-            est = [estimate(tenants[t]) for t in names]
-            by_x[x].append(len(fig.data))
-            fig.add_trace(
-                go.Bar(
-                    x=names, y=[e.mean for e in est], name=_policy(s), legendgroup=s,
-                    showlegend=False,
-                    marker_color=colors[s],
-                    error_y=dict(type="data", symmetric=False, array=[e.hi - e.mean for e in est],
-                                 arrayminus=[e.mean - e.lo for e in est]),
-                ),
-                row=1, col=2,
-            )  # fmt: skip
-    fig.update_xaxes(title_text=x_title, col=1)
-    fig.update_layout(height=420, barmode="group", title=f"{heading}: fairness across tenants")
-    if by_x:
-        labels = [f"{x_title} {_label(x)}" for x in by_x]
-        _dropdown(fig, labels, [list(range(fixed)) + v for v in by_x.values()], "tenants at")
-    return fig
-
-
-TIMELINE_POINTS = 200  # per series and run in the dashboard (timeline.csv has 500)
-
-
-def timeline_figure(runs: list[Run]):
-    """Queue length, running requests and KV usage over time, one run at a time:
-    each condition's first seed (its others differ in the draw alone), each
-    series thinned to :data:`TIMELINE_POINTS`, so that a sweep of hundreds of
-    runs stays a page of a few MB."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    fig = make_subplots(
-        rows=3,
-        cols=1,
-        shared_xaxes=True,
-        subplot_titles=["waiting requests", "running requests", "KV usage"],
-    )
-    labels, members, seen = [], [], set()
-    for r in runs:
-        path = r.folder / "timeline.csv"
-        if r.condition in seen or not path.exists():
-            continue
-        seen.add(r.condition)
-        t = pd.read_csv(path)
-        if len(t) > TIMELINE_POINTS:
-            t = t.iloc[np.linspace(0, len(t) - 1, TIMELINE_POINTS).round().astype(int)]
-        shown = []
-        for i, col in enumerate(("num_waiting", "num_running", "kv_usage")):
-            shown.append(len(fig.data))
-            fig.add_trace(
-                go.Scatter(
-                    x=_f4(t["time_s"]), y=_f4(t[col]), mode="lines", name=col, showlegend=False
-                ),
-                row=i + 1,
-                col=1,
-            )
-        labels.append(r.name)
-        members.append(shown)
-    fig.update_xaxes(title_text="time (s)", row=3, col=1)
-    fig.update_layout(height=600, title="Queue and KV usage over time (binned)")
-    if members:
-        _dropdown(fig, labels, members, "run")
-    return fig
-
-
-def fidelity_section(runs: list[Run]) -> tuple[Any, str] | None:
-    """Each simulation against its real run: a scatter per target metric and the
-    error table; None without sim/real pairs."""
-    table_runs = [
-        {"run": r.name, "mode": r.metrics["mode"], "partial": bool(r.metrics.get("partial")),
-         "pair": pair_key(job_overrides(r.folder), r.metrics), "own": True,
-         **{k: r.metrics.get(k) for k in (*TARGETS, "speed_vs_profile")}}
-        for r in runs
-    ]  # fmt: skip
-    pairs = fidelity_pairs(table_runs)
-    if not pairs:
-        return None
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    by_name = {t["run"]: t for t in table_runs}
-    fig = make_subplots(rows=1, cols=len(TARGETS), subplot_titles=list(TARGETS))
-    for i, metric in enumerate(TARGETS):
-        real = [by_name[p["real"]][metric] for p in pairs]
-        sim = [by_name[p["sim"]][metric] for p in pairs]
-        top = max([v for v in real + sim if v is not None] or [1])
-        fig.add_trace(
-            go.Scatter(
-                x=real, y=sim, mode="markers", text=[p["sim"] for p in pairs], showlegend=False
-            ),
-            row=1,
-            col=i + 1,
-        )
-        fig.add_trace(
-            go.Scatter(
-                x=[0, top],
-                y=[0, top],
-                mode="lines",
-                line=dict(dash="dot", color="grey"),
-                showlegend=False,
-            ),
-            row=1,
-            col=i + 1,
-        )
-    fig.update_xaxes(title_text="real")
-    fig.update_yaxes(title_text="simulated", col=1)
-    fig.update_layout(height=380, title="Simulation against the real run")
-    headings = [
-        "sim",
-        "real",
-        *(f"{m} error" for m in TARGETS),
-        "real's speed vs profile",
-        "within targets",
-    ]
-    rows = [
-        [p["sim"], p["real"], *(p.get(m) for m in TARGETS), p["speed_vs_profile"], p["meets"]]
-        for p in pairs
-    ]
-    return fig, html_table(headings, rows, [[_key(v) for v in row] for row in rows])
-
-
 # --- the page ---
 
 _SORT_JS = """
@@ -667,18 +187,20 @@ th[data-order=asc]::after { content: ' \\25B2'; } th[data-order=desc]::after { c
 """
 
 
-def condition_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """:func:`conditions` as a table: per metric its mean, interval (``_lo``,
-    ``_hi``) and the interval's kind (``ci95``, ``range`` or ``single``)."""
-    out = []
-    for row in rows:
-        flat = {k: row[k] for k in ("condition", "series", "x", "seeds")}
-        for key in METRICS:
-            est = row[key]
-            flat |= {key: est.mean, f"{key}_lo": est.lo, f"{key}_hi": est.hi}
-        flat["interval"] = next((row[k].kind for k in METRICS if row[k].n), "single")
-        out.append(flat)
-    return pd.DataFrame(out)
+def fidelity_table(pairs: list[dict[str, Any]]) -> str:
+    """The errors of each simulation against its real run."""
+    headings = [
+        "sim",
+        "real",
+        *(f"{m} error" for m in TARGETS),
+        "real's speed vs profile",
+        "within targets",
+    ]
+    rows = [
+        [p["sim"], p["real"], *(p.get(m) for m in TARGETS), p["speed_vs_profile"], p["meets"]]
+        for p in pairs
+    ]
+    return html_table(headings, rows, [[_key(v) for v in row] for row in rows])
 
 
 def build(root: Path, title: str | None = None, conditions_csv: Path | None = None) -> str:
@@ -710,10 +232,10 @@ def build(root: Path, title: str | None = None, conditions_csv: Path | None = No
             (f"{peers}: fairness", fairness_figure(mine, rows_p, x_title, peers)),
         ]
     figures.append(("Over time", timeline_figure(runs)))
-    fidelity = fidelity_section(runs)
+    fidelity = fidelity_figure(runs)
     if fidelity is not None:
         figures.append(("Simulation against real runs", fidelity[0]))
-        tables.insert(0, ("Simulation against real runs: errors", fidelity[1]))
+        tables.insert(0, ("Simulation against real runs: errors", fidelity_table(fidelity[1])))
     data = {
         "runs": [
             {
