@@ -64,19 +64,14 @@ def write_steps(run_dir: Path, steps: StepLog, steps_format: str = "csv") -> Pat
         raise ValueError(f"steps_format={steps_format!r}: one of {STEPS_FORMATS}")
     path = run_dir / f"steps.{steps_format}"
     writer, row = None, 0
+    frames = steps.frames(PIECE_ROWS) if len(steps) else [steps.to_frame()]  # none: the columns
     try:
-        for frame in steps.frames(PIECE_ROWS):
+        for frame in frames:
             frame.insert(0, "step", np.arange(row, row + len(frame)))
             table = pa.Table.from_pandas(frame, preserve_index=False)
             writer = writer or _steps_writer(path, table.schema, steps_format)
             writer.write_table(table)
             row += len(frame)
-        if writer is None:  # no steps: the columns alone
-            empty = steps.to_frame()
-            empty.insert(0, "step", np.arange(0))
-            table = pa.Table.from_pandas(empty, preserve_index=False)
-            writer = _steps_writer(path, table.schema, steps_format)
-            writer.write_table(table)
     finally:
         if writer is not None:
             writer.close()
