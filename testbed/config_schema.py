@@ -256,8 +256,8 @@ RANGES: dict[tuple[str, str], tuple[Any, str]] = {
     ("engine", "gpu_memory_utilization"): (lambda x: 0 < x <= 1, "in (0, 1]"),
     ("engine", "kv_cache_bytes"): (_positive, "null or > 0"),
     ("engine", "attention_backend"): (
-        lambda x: x in ("auto", "triton", "torch"),
-        "auto, triton or torch",
+        lambda x: x in ("auto", "triton", "cpu", "torch"),
+        "auto, triton, cpu or torch",
     ),
     ("cluster", "num_replicas"): (_at_least(1), "an integer >= 1"),
     ("cluster", "router"): (lambda x: x in ROUTERS, f"one of {', '.join(sorted(ROUTERS))}"),

@@ -36,7 +36,7 @@ class EngineArgs:
     gpu_memory_utilization: float = 0.9
     device: str | None = None  # default: cuda when available
     dtype: str | None = None  # default: float32 on CPU, bfloat16 on CUDA
-    attention_backend: str = "auto"  # auto | triton | torch
+    attention_backend: str = "auto"  # auto | triton | cpu | torch
     threads: int | None = None  # torch's intra-op threads on CPU; default: torch's (one per core)
     cpus: Sequence[int] | None = None  # cores the process is pinned to (Linux); default: any
     seed: int = 0

@@ -1,17 +1,19 @@
 """Paged-attention kernels: Triton on CUDA, each beside a torch reference with the
 same signature (the real engine's hot path; the references are what runs on CPU).
 
-Three operations, in two modules with identical signatures:
+Three operations, in three modules with identical signatures:
 
 - ``testbed.kernels.torch_attention``: torch, any device; the definition of what is computed.
+- ``testbed.kernels.cpu_attention``: torch, shaped for CPUs (whole blocks gathered, one
+  fused attention call per group of similar sequences); what the engine runs on CPU.
 - ``testbed.kernels.triton_kernels``: Triton, CUDA tensors (or CPU tensors in the Triton
   interpreter, ``TRITON_INTERPRET=1`` set before it is imported); imported lazily.
 
 ``testbed.kernels.reshape_and_cache``, ``testbed.kernels.paged_attention_decode`` and
 ``testbed.kernels.paged_attention_prefill`` dispatch on the tensors' device: Triton when they
-are on CUDA and triton is importable, the reference otherwise.
-``select_backend("auto" | "triton" | "torch", device)`` returns the module to call
-once (what the engine holds as its ``backend``).
+are on CUDA and triton is importable, ``cpu_attention`` otherwise.
+``select_backend("auto" | "triton" | "cpu" | "torch", device)`` returns the module to
+call once (what the engine holds as its ``backend``).
 
 Shared layout: K and V caches ``[num_blocks, block_size, num_kv_heads, head_dim]``
 (separate tensors), ``int32`` block tables ``[num_seqs, max_blocks_per_seq]`` whose
@@ -29,9 +31,10 @@ from types import ModuleType
 
 import torch
 
-from testbed.kernels import torch_attention
+from testbed.kernels import cpu_attention, torch_attention
 
 __all__ = [
+    "cpu_attention",
     "paged_attention_decode",
     "paged_attention_prefill",
     "reshape_and_cache",
@@ -40,7 +43,7 @@ __all__ = [
     "triton_kernels",
 ]
 
-BACKENDS = ("auto", "triton", "torch")
+BACKENDS = ("auto", "triton", "cpu", "torch")
 
 
 @functools.cache
@@ -64,10 +67,12 @@ def _triton_module() -> ModuleType:
 def select_backend(name: str = "auto", device: torch.device | str | None = None) -> ModuleType:
     """The module whose ``reshape_and_cache`` / ``paged_attention_*`` to call on ``device``.
 
-    ``"torch"``: the reference. ``"auto"``: Triton on a CUDA device with triton
-    installed, the reference otherwise. ``"triton"``: Triton, or a ``RuntimeError`` that
-    says why not: it needs triton and a CUDA device, except that ``TRITON_INTERPRET=1``
-    (set before the kernels are imported) runs it on CPU tensors in the interpreter.
+    ``"torch"``: the reference. ``"cpu"``: the torch path shaped for CPUs (it runs on
+    any device, but is tuned for none other). ``"auto"``: Triton on a CUDA device with
+    triton installed, the reference on another GPU, the CPU path on a CPU.
+    ``"triton"``: Triton, or a ``RuntimeError`` that says why not: it needs triton and
+    a CUDA device, except that ``TRITON_INTERPRET=1`` (set before the kernels are
+    imported) runs it on CPU tensors in the interpreter.
     ``device`` defaults to CUDA where there is one, else CPU.
     """
     if device is None:
@@ -76,8 +81,12 @@ def select_backend(name: str = "auto", device: torch.device | str | None = None)
     on_cuda = device.type == "cuda" and torch.cuda.is_available()
     if name == "torch":
         return torch_attention
+    if name == "cpu":
+        return cpu_attention
     if name == "auto":
-        return _triton_module() if on_cuda and triton_available() else torch_attention
+        if on_cuda and triton_available():
+            return _triton_module()
+        return cpu_attention if device.type == "cpu" else torch_attention
     if name != "triton":
         raise ValueError(f"unknown attention backend {name!r}: expected one of {BACKENDS}")
     if not triton_available():

@@ -1,4 +1,6 @@
-"""The torch references against dense attention over unpaged K/V."""
+"""The torch paths against dense attention over unpaged K/V: the reference (the
+definition) and the CPU path (``cpu_attention``, what the engine runs on CPU), each
+test run on both."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from testbed.kernels import cpu_attention
 from testbed.kernels import torch_attention as reference
 from tests.kernels.cases import (
     assert_close,
@@ -18,6 +21,11 @@ from tests.kernels.cases import (
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 GQA = [(4, 4), (4, 2), (8, 2), (6, 2)]  # (num_heads, num_kv_heads): ratios 1, 2, 4, 3
+
+
+@pytest.fixture(params=["reference", "cpu"])
+def attention(request):
+    return reference if request.param == "reference" else cpu_attention
 
 
 def ragged_lens(block_size: int, generator: torch.Generator) -> list[int]:
@@ -53,7 +61,7 @@ def test_reshape_and_cache(dtype, block_size, unused):
 @pytest.mark.parametrize("heads", GQA)
 @pytest.mark.parametrize("block_size", [1, 4, 16, 32])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_decode_matches_dense(dtype, heads, block_size, seed):
+def test_decode_matches_dense(dtype, heads, block_size, seed, attention):
     num_heads, num_kv_heads = heads
     g = torch.Generator().manual_seed(seed)
     case = make_case(
@@ -66,18 +74,18 @@ def test_decode_matches_dense(dtype, heads, block_size, seed):
         unused="poison" if seed else "-1",
     )
     query, expected = decode_inputs(case, num_heads, g)
-    out = reference.paged_attention_decode(
+    out = attention.paged_attention_decode(
         query, case.key_cache, case.value_cache, case.block_tables, case.seq_lens, 64**-0.5
     )
     assert_close(out, expected, dtype)
 
 
 @pytest.mark.parametrize("head_dim", [64, 80, 96, 128, 256])
-def test_decode_head_dims(head_dim):
+def test_decode_head_dims(head_dim, attention):
     g = torch.Generator().manual_seed(head_dim)
     case = make_case([3, 16, 17, 40], 2, head_dim, 16, torch.float32, g)
     query, expected = decode_inputs(case, 4, g)
-    out = reference.paged_attention_decode(
+    out = attention.paged_attention_decode(
         query,
         case.key_cache,
         case.value_cache,
@@ -88,11 +96,11 @@ def test_decode_head_dims(head_dim):
     assert_close(out, expected, torch.float32)
 
 
-def test_decode_context_zero_gives_zeros():
+def test_decode_context_zero_gives_zeros(attention):
     g = torch.Generator().manual_seed(0)
     case = make_case([0, 5], 1, 64, 4, torch.float32, g)
     query, expected = decode_inputs(case, 2, g)
-    out = reference.paged_attention_decode(
+    out = attention.paged_attention_decode(
         query, case.key_cache, case.value_cache, case.block_tables, case.seq_lens, 0.125
     )
     assert torch.equal(out[0], torch.zeros_like(out[0]))
@@ -103,7 +111,7 @@ def test_decode_context_zero_gives_zeros():
 @pytest.mark.parametrize("heads", GQA)
 @pytest.mark.parametrize("block_size", [1, 2, 16, 32])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_prefill_matches_dense(dtype, heads, block_size, seed):
+def test_prefill_matches_dense(dtype, heads, block_size, seed, attention):
     num_heads, num_kv_heads = heads
     g = torch.Generator().manual_seed(100 + seed)
     seq_lens = ragged_lens(block_size, g)
@@ -112,7 +120,7 @@ def test_prefill_matches_dense(dtype, heads, block_size, seed):
     )
     q_lens = chunk_lens(seq_lens, g)
     query, starts, expected = prefill_inputs(case, q_lens, num_heads, g)
-    out = reference.paged_attention_prefill(
+    out = attention.paged_attention_prefill(
         query,
         case.key_cache,
         case.value_cache,
@@ -125,12 +133,12 @@ def test_prefill_matches_dense(dtype, heads, block_size, seed):
 
 
 @pytest.mark.parametrize("head_dim", [80, 96, 256])
-def test_prefill_head_dims_and_empty_chunk(head_dim):
+def test_prefill_head_dims_and_empty_chunk(head_dim, attention):
     g = torch.Generator().manual_seed(head_dim)
     seq_lens = [20, 7, 33, 1]
     case = make_case(seq_lens, 2, head_dim, 8, torch.float32, g)
     query, starts, expected = prefill_inputs(case, [20, 0, 9, 1], 4, g)  # a 0-token chunk
-    out = reference.paged_attention_prefill(
+    out = attention.paged_attention_prefill(
         query,
         case.key_cache,
         case.value_cache,
@@ -142,23 +150,23 @@ def test_prefill_head_dims_and_empty_chunk(head_dim):
     assert_close(out, expected, torch.float32)
 
 
-def test_prefill_of_single_tokens_is_decode():
+def test_prefill_of_single_tokens_is_decode(attention):
     g = torch.Generator().manual_seed(3)
     case = make_case([1, 9, 16, 17, 30], 2, 64, 4, torch.float16, g)
     query, expected = decode_inputs(case, 8, g)
     starts = torch.arange(6, dtype=torch.int32)
     args = (case.key_cache, case.value_cache, case.block_tables)
-    prefill = reference.paged_attention_prefill(query, *args, starts, case.seq_lens, 0.125)
-    decode = reference.paged_attention_decode(query, *args, case.seq_lens, 0.125)
+    prefill = attention.paged_attention_prefill(query, *args, starts, case.seq_lens, 0.125)
+    decode = attention.paged_attention_decode(query, *args, case.seq_lens, 0.125)
     torch.testing.assert_close(prefill, decode, atol=0, rtol=0)
 
 
-def test_prefill_rejects_more_queries_than_tokens():
+def test_prefill_rejects_more_queries_than_tokens(attention):
     g = torch.Generator().manual_seed(0)
     case = make_case([4], 1, 64, 4, torch.float32, g)
     query = torch.zeros(5, 1, 64)
     with pytest.raises(ValueError, match="5 queries but only 4 tokens"):
-        reference.paged_attention_prefill(
+        attention.paged_attention_prefill(
             query,
             case.key_cache,
             case.value_cache,
@@ -169,6 +177,7 @@ def test_prefill_rejects_more_queries_than_tokens():
         )
 
 
+@pytest.mark.parametrize("attention", [reference, cpu_attention], ids=["reference", "cpu"])
 @settings(max_examples=40, deadline=None)
 @given(
     block_size=st.integers(1, 9),
@@ -176,34 +185,34 @@ def test_prefill_rejects_more_queries_than_tokens():
     seqs=st.lists(st.tuples(st.integers(1, 30), st.integers(0, 30)), min_size=1, max_size=4),
     seed=st.integers(0, 2**16),
 )
-def test_prefill_any_block_size(block_size, group, seqs, seed):
+def test_prefill_any_block_size(attention, block_size, group, seqs, seed):
     """Any block size (not only powers of two), any chunk of any length."""
     seq_lens = [n for n, _ in seqs]
     q_lens = [min(n, q) for n, q in seqs]
     g = torch.Generator().manual_seed(seed)
     case = make_case(seq_lens, 2, 64, block_size, torch.float32, g)
     query, starts, expected = prefill_inputs(case, q_lens, 2 * group, g)
-    out = reference.paged_attention_prefill(
+    out = attention.paged_attention_prefill(
         query, case.key_cache, case.value_cache, case.block_tables, starts, case.seq_lens, 0.125
     )
     assert_close(out, expected, torch.float32)
 
 
 @pytest.mark.parametrize("block_size", [16, 32])
-def test_long_contexts_cross_the_references_chunks(block_size):
+def test_long_contexts_cross_the_references_chunks(block_size, attention):
     """Contexts and prompts longer than DECODE_CHUNK / PREFILL_CHUNK (256): the online
     softmax across chunks and the per-chunk key limits must match dense attention."""
     g = torch.Generator().manual_seed(block_size)
     lens = [1, 255, 256, 257, 700, 513]
     case = make_case(lens, 2, 64, block_size, torch.float32, g, unused="poison")
     query, expected = decode_inputs(case, 4, g)
-    out = reference.paged_attention_decode(
+    out = attention.paged_attention_decode(
         query, case.key_cache, case.value_cache, case.block_tables, case.seq_lens, 0.125
     )
     assert_close(out, expected, torch.float32)
     q_lens = [1, 255, 10, 257, 700, 300]  # whole prompts and chunks after a prefix
     query, starts, expected = prefill_inputs(case, q_lens, 4, g)
-    out = reference.paged_attention_prefill(
+    out = attention.paged_attention_prefill(
         query, case.key_cache, case.value_cache, case.block_tables, starts, case.seq_lens, 0.125
     )
     assert_close(out, expected, torch.float32)

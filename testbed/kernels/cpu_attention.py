@@ -1,0 +1,219 @@
+"""Paged attention for CPUs: whole blocks gathered, one fused SDPA call per group of
+sequences. Same signatures and results as ``testbed.kernels.torch_attention`` (the
+definition, which the tests compare this against); what the engine runs on CPU.
+
+On a CPU the reference's cost is data movement and call count, not arithmetic: it
+gathers K/V a token at a time and runs its products per (sequence, KV head) for
+decodes, and one gather + SDPA per sequence for prefills. Here every query of a
+step, decode or prefill chunk, is an *item* (its query rows, and the keys it may
+see); items of similar size form a group, whose blocks are copied whole (one
+``index_select`` of ``block_size``-token pieces) into a padded
+``[items, keys, kv_heads, head_dim]`` batch, and the group runs as one call of
+torch's fused CPU attention (``scaled_dot_product_attention``, grouped-query
+without expanding K/V) under a mask that is causal from each item's first
+position and hides the padding. Long prompts are cut into row chunks, each an
+item that sees only the keys up to its last row, so their work stays about half
+of a full square.
+
+Gathers go into buffers kept between calls; padded keys are zeroed after the
+gather: slots past a sequence's end may hold anything, and a masked NaN would
+still poison the softmax.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from testbed.kernels.torch_attention import reshape_and_cache
+
+__all__ = ["paged_attention_decode", "paged_attention_prefill", "reshape_and_cache"]
+
+ROW_CHUNK = 256  # query rows per item of a chunk after a prefix: keys past its end skipped
+GROUP_BYTES = 8 * 2**20  # gathered K+V (float32) per call: temporaries that stay in cache
+PAD_SLACK = 1.3  # a group's padded work may exceed its items' own by this factor ...
+CALL_COST = 4096  # ... plus about one call's fixed cost, in (query row x key) units
+# A key costs about this many query rows of work besides its products (gathering
+# it, zeroing its padding): a decode's key is dominated by the copy, a long
+# prefill chunk's by the arithmetic.
+KEY_COST_ROWS = 4
+
+_WORKSPACES: dict[tuple, torch.Tensor] = {}  # (name, dtype, device) -> flat buffer
+
+
+def paged_attention_decode(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    *,
+    max_context_len: int | None = None,
+) -> torch.Tensor:
+    """One query token per sequence over its first ``context_lens[i]`` cached tokens
+    (``torch_attention.paged_attention_decode``); a context of 0 gets zeros."""
+    items = [Item(i, 1, n, i) for i, n in enumerate(context_lens.tolist()) if n > 0]
+    return _attend(query, key_cache, value_cache, block_tables, items, scale)
+
+
+def paged_attention_prefill(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    *,
+    max_context_len: int | None = None,
+) -> torch.Tensor:
+    """Causal variable-length query chunks over a paged prefix
+    (``torch_attention.paged_attention_prefill``): sequence ``i``'s queries are the
+    last ``q_len`` of its ``seq_lens[i]`` tokens."""
+    items = []
+    starts = query_start_loc.tolist()
+    for i, ((s, e), n) in enumerate(zip(itertools.pairwise(starts), seq_lens.tolist())):
+        q_len = e - s
+        if q_len > n:
+            raise ValueError(f"sequence {i}: {q_len} queries but only {n} tokens in total")
+        if q_len == 0:
+            continue
+        if q_len == n:  # no prefix: one causal item, the kernel skips the upper triangle
+            items.append(Item(s, q_len, n, i))
+            continue
+        for a in range(0, q_len, ROW_CHUNK):
+            b = min(q_len, a + ROW_CHUNK)
+            items.append(Item(s + a, b - a, n - q_len + b, i))
+    return _attend(query, key_cache, value_cache, block_tables, items, scale)
+
+
+class Item(NamedTuple):
+    """Query rows ``row:row + rows`` of sequence ``seq``; row ``j`` sits at position
+    ``keys - rows + j`` and sees the keys up to it."""
+
+    row: int
+    rows: int
+    keys: int
+    seq: int
+
+    @property
+    def causal(self) -> bool:
+        """Rows from position 0 on: plain top-left causal attention, no mask needed."""
+        return self.rows == self.keys and self.rows > 1
+
+    def work(self, rows: int, keys: int) -> float:
+        """The cost of this item's shape padded to ``rows`` x ``keys``."""
+        return keys * ((rows / 2 if self.causal else rows) + KEY_COST_ROWS)
+
+
+def _attend(query, key_cache, value_cache, block_tables, items, scale):
+    """``query``'s rows attended item by item; rows in no item (a decode with an
+    empty context) are zeros."""
+    covered = sum(it.rows for it in items)
+    out = torch.empty_like(query) if covered == len(query) else torch.zeros_like(query)
+    bytes_per_key = 2 * key_cache.shape[2] * key_cache.shape[3] * 4
+    block_size = key_cache.shape[1]
+    for causal in (True, False):
+        kind = [it for it in items if it.causal == causal]
+        for group in _groups(kind, block_size, bytes_per_key):
+            _attend_group(query, key_cache, value_cache, block_tables, group, scale, out)
+    return out
+
+
+def _groups(items: list[Item], block_size: int, bytes_per_key: int):
+    """``items`` (all causal or all not) in groups of similar shape: largest first, a
+    group closed when one more item would pad its work past ``PAD_SLACK`` times the
+    items' own plus a call's cost, or its gathered K/V past ``GROUP_BYTES``."""
+    group: list[Item] = []
+    own = width = 0
+    for it in sorted(items, key=lambda it: (it.rows, it.keys), reverse=True):
+        work = it.work(it.rows, it.keys)
+        wider = max(width, _round_up(it.keys, block_size))
+        if group:
+            n = len(group) + 1
+            padded = n * it.work(group[0].rows, wider)
+            too_big = n * wider * bytes_per_key > GROUP_BYTES
+            if too_big or padded > PAD_SLACK * (own + work) + CALL_COST:
+                yield group
+                group, own, wider = [], 0, _round_up(it.keys, block_size)
+        group.append(it)
+        own += work
+        width = wider
+    if group:
+        yield group
+
+
+def _round_up(n: int, block_size: int) -> int:
+    return -(-n // block_size) * block_size
+
+
+def _workspace(name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+    """A reused buffer of ``shape`` (``like``'s dtype and device): fresh multi-MB
+    temporaries would be page-faulted in on every call, which costs more than the
+    copy into them."""
+    key = (name, like.dtype, like.device)
+    numel = math.prod(shape)
+    buf = _WORKSPACES.get(key)
+    if buf is None or buf.numel() < numel:
+        buf = _WORKSPACES[key] = torch.empty(numel, dtype=like.dtype, device=like.device)
+    return buf[:numel].view(shape)
+
+
+def _attend_group(query, key_cache, value_cache, block_tables, group: list[Item], scale, out):
+    """One fused attention call over ``group``'s items, padded to its largest;
+    results written to their rows of ``out``."""
+    block_size, kv_heads, head_dim = key_cache.shape[1:]
+    num_heads = query.shape[1]
+    dev = query.device
+    first = torch.tensor([it.row for it in group], device=dev)
+    rows = torch.tensor([it.rows for it in group], device=dev)
+    keys = torch.tensor([it.keys for it in group], device=dev)
+    b, q_max = len(group), group[0].rows
+    num_blocks = -(-max(it.keys for it in group) // block_size)
+    width = num_blocks * block_size
+    # Blocks past an item's last one may be anything in the table: read its first instead.
+    table = block_tables[torch.tensor([it.seq for it in group], device=dev), :num_blocks].long()
+    used = (
+        torch.arange(num_blocks, device=dev)[None, :]
+        < (keys[:, None] + block_size - 1) // block_size
+    )
+    table = torch.where(used, table, table[:, :1]).reshape(-1)
+    shape = (b * num_blocks, block_size, kv_heads, head_dim)
+    k = torch.index_select(key_cache, 0, table, out=_workspace("k", shape, key_cache))
+    v = torch.index_select(value_cache, 0, table, out=_workspace("v", shape, value_cache))
+    pos = torch.arange(width, device=dev)
+    pad = (pos[None, :] >= keys[:, None]).view(-1).nonzero().view(-1)  # padded key slots
+    if pad.numel():
+        k.view(b * width, -1).index_fill_(0, pad, 0.0)
+        v.view(b * width, -1).index_fill_(0, pad, 0.0)
+    k = k.view(b, width, kv_heads, head_dim).float().transpose(1, 2)
+    v = v.view(b, width, kv_heads, head_dim).float().transpose(1, 2)
+    if q_max == 1:
+        q = query.index_select(0, first)[:, None]
+        mask = (pos[None, :] < keys[:, None])[:, None, None, :]
+    else:
+        j = torch.arange(q_max, device=dev)
+        live = j[None, :] < rows[:, None]  # [b, q_max]
+        src = torch.where(live, first[:, None] + j[None, :], first[:, None])  # pad: row 0 again
+        q = query.index_select(0, src.reshape(-1)).view(b, q_max, num_heads, head_dim)
+        # Causal items need no mask: a live row j sees keys <= j, never the padding.
+        last_seen = (keys - rows)[:, None] + j[None, :]
+        mask = None if group[0].causal else (pos[None, None, :] <= last_seen[:, :, None])[:, None]
+    o = F.scaled_dot_product_attention(
+        q.float().transpose(1, 2),
+        k,
+        v,
+        attn_mask=mask,
+        is_causal=mask is None and q_max > 1,
+        scale=scale,
+        enable_gqa=True,
+    ).transpose(1, 2)  # [b, q_max, heads, head_dim]
+    if q_max == 1:
+        out[first] = o[:, 0].to(out.dtype)
+    else:
+        out[src[live]] = o[live].to(out.dtype)
