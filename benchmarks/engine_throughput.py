@@ -1,16 +1,26 @@
 """Offline throughput: our engine against transformers' ``generate`` on the same model.
 
-A fixed workload on the same weights, machine and run: by default nano-vllm's
-shape (input and output lengths uniform in [100, 1024], seed 0, every request
-runs to its output length), with 64 requests instead of 256 to suit a CPU.
+Fixed workloads on the same weights, machine and run (seed 0, every request runs
+to its output length):
+
+- ``nano``: nano-vllm's shape, input and output lengths uniform in [100, 1024],
+  64 requests instead of 256 to suit a CPU, on ``dummy-llama``;
+- ``short``: 48 requests, prompts of 32-256 tokens and outputs of 16-160, on a
+  dummy Llama of 8 layers, hidden 512, 8 heads, 4 KV heads, vocabulary 8000.
+
 transformers' ``generate`` with static batching is what a user without a paged
-engine runs: it pads prompts and keeps finished sequences in the batch until
-the longest is done. Both count only the output tokens the workload asks for.
+engine runs: it pads prompts and keeps finished sequences in the batch until the
+longest is done; ``padding_bound`` is the work that padding alone adds to it
+(padded prompt + output positions over the asked ones), the speed-up a paged
+engine gets for free. Both count only the output tokens the workload asks for.
+Our engine runs with each ``--backends`` attention path (default: the torch
+reference, then the CPU path) and reports where its step time goes
+(``benchmarks/step_breakdown.py``), over all steps and by kind.
 On CUDA the JSON also records the GPU, the weight bytes and the decode-roofline
 floor of the run (every decode step reads all weights once);
 ``benchmarks/decode_step.py`` measures the achieved bandwidth per step.
 
-    python benchmarks/engine_throughput.py [--model dummy-llama] [--out ...json]
+    python benchmarks/engine_throughput.py [--workloads nano short] [--out ...json]
 """
 
 from __future__ import annotations
@@ -21,11 +31,37 @@ import time
 
 import torch
 from common import write_results
+from step_breakdown import PARTS, StepBreakdown
 
 from testbed.core import SamplingParams
 from testbed.engine.llm import LLM
 
 HBM = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.039e12}
+
+SHORT_MODEL = {
+    "name": "dummy-llama-8l-512",
+    "hf_config": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 512,
+        "intermediate_size": 1376,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 64,
+        "vocab_size": 8000,
+        "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": True,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    },
+}
+WORKLOADS = {
+    "nano": dict(model="dummy-llama", requests=64, prompt=(100, 1024), output=(100, 1024)),
+    "short": dict(model=SHORT_MODEL, requests=48, prompt=(32, 256), output=(16, 160)),
+}
 
 
 def workload(n: int, prompt: tuple[int, int], output: tuple[int, int], vocab: int, seed: int):
@@ -42,6 +78,17 @@ def run_ours(llm: LLM, prompts, outputs) -> tuple[float, list[list[int]]]:
     outs = llm.generate(prompts, params)
     sync()
     return time.perf_counter() - t0, [o.token_ids for o in outs]
+
+
+def padding_bound(prompts, outputs, batch: int) -> float:
+    """Positions static batching computes (each batch padded to its longest prompt
+    and run to its longest output) over the positions the workload asks for."""
+    padded = asked = 0
+    for i in range(0, len(prompts), batch):
+        ps, os_ = prompts[i : i + batch], outputs[i : i + batch]
+        padded += len(ps) * (max(map(len, ps)) + max(os_))
+        asked += sum(map(len, ps)) + sum(os_)
+    return padded / asked
 
 
 def hf_model_like(llm: LLM):
@@ -90,60 +137,94 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="dummy-llama")
-    ap.add_argument("--requests", type=int, default=64)
-    ap.add_argument("--prompt", type=int, nargs=2, default=[100, 1024])
-    ap.add_argument("--output", type=int, nargs=2, default=[100, 1024])
-    ap.add_argument("--hf-batch", type=int, default=64)
-    ap.add_argument("--max-num-seqs", type=int, default=64)
-    ap.add_argument("--out", default="benchmarks/results/engine_throughput.json")
-    args = ap.parse_args()
-    llm = LLM(args.model, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=4096)
-    prompts, outputs = workload(
-        args.requests, tuple(args.prompt), tuple(args.output), llm.config.vocab_size, 0
-    )
-    run_ours(llm, prompts[:4], [8] * 4)  # warm-up
-    ours_s, _ = run_ours(llm, prompts, outputs)
+def run_workload(name: str, backends: list[str], hf_batch: int | None) -> list[dict]:
+    spec = WORKLOADS[name]
+    rows, llm = [], None
+    for backend in backends:
+        llm = LLM(
+            spec["model"],
+            max_num_seqs=64,
+            max_num_batched_tokens=4096,
+            attention_backend=backend,
+        )
+        prompts, outputs = workload(
+            spec["requests"], spec["prompt"], spec["output"], llm.config.vocab_size, 0
+        )
+        run_ours(llm, prompts[:4], [8] * 4)  # warm-up
+        with StepBreakdown(llm) as breakdown:
+            ours_s, _ = run_ours(llm, prompts, outputs)
+        rows.append(
+            dict(
+                workload=name,
+                engine=f"ours ({backend})",
+                attention_backend=llm.executor.backend.__name__,
+                seconds=ours_s,
+                breakdown=breakdown.summary(),
+            )
+        )
+    batch = hf_batch or spec["requests"]
     hf = hf_model_like(llm)
     run_hf(hf, prompts[:4], [8] * 4, 4)  # warm-up
-    hf_s = run_hf(hf, prompts, outputs, args.hf_batch)
+    hf_s = run_hf(hf, prompts, outputs, batch)
+    rows.append(dict(workload=name, engine=f"hf generate (batch {batch})", seconds=hf_s))
     tokens = sum(outputs)
-    row = dict(
-        model=args.model,
-        device=str(llm.executor.device),
-        requests=args.requests,
-        output_tokens=tokens,
-        ours_s=ours_s,
-        hf_generate_s=hf_s,
-        ours_tok_s=tokens / ours_s,
-        hf_tok_s=tokens / hf_s,
-        speedup=hf_s / ours_s,
-        torch=torch.__version__,
-        threads=torch.get_num_threads(),
-    )
+    for row in rows:
+        row |= dict(
+            model=spec["model"] if isinstance(spec["model"], str) else spec["model"]["name"],
+            device=str(llm.executor.device),
+            requests=spec["requests"],
+            prompt=list(spec["prompt"]),
+            output=list(spec["output"]),
+            output_tokens=tokens,
+            tok_s=tokens / row["seconds"],
+            speedup_vs_hf=hf_s / row["seconds"],
+            padding_bound=padding_bound(prompts, outputs, batch),
+            torch=torch.__version__,
+            threads=torch.get_num_threads(),
+        )
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name()
         peak = next((v for k, v in HBM.items() if k in name), None)
         weights = sum(p.numel() * p.element_size() for p in llm.executor.model.parameters())
-        row |= dict(gpu=name, weight_bytes=weights)
-        if peak:
-            # Decode roofline: every step reads all weights once.
-            steps = max(outputs)
-            row["decode_roofline_s_floor"] = steps * weights / peak
-    print(f"{'':14} {'seconds':>9} {'out tok/s':>10}")
-    print(f"{'ours':14} {ours_s:>9.2f} {row['ours_tok_s']:>10.1f}")
-    print(f"{'hf generate':14} {hf_s:>9.2f} {row['hf_tok_s']:>10.1f}")
-    print(f"speed-up: {row['speedup']:.2f}x (aim: >= 3x on CPU with the default model)")
-    write_results(
-        args.out,
-        "engine_throughput",
-        [row],
-        prompt=args.prompt,
-        output=args.output,
-        hf_batch=args.hf_batch,
+        for row in rows:
+            row |= dict(gpu=name, weight_bytes=weights)
+            if peak:  # decode roofline: every step reads all weights once
+                row["decode_roofline_s_floor"] = max(outputs) * weights / peak
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    print(f"{'workload':9} {'engine':24} {'seconds':>8} {'out tok/s':>10} {'vs hf':>6} {'pad':>5}")
+    for r in rows:
+        print(
+            f"{r['workload']:9} {r['engine']:24} {r['seconds']:>8.2f} {r['tok_s']:>10.1f} "
+            f"{r['speedup_vs_hf']:>5.2f}x {r['padding_bound']:>5.2f}"
+        )
+    print("\nshare of step time (ours), all steps / decode-only steps:")
+    print(
+        f"{'workload':9} {'engine':16} {'kind':8} {'steps':>6} "
+        + " ".join(f"{p[:9]:>9}" for p in PARTS)
     )
+    for r in rows:
+        for kind, shares in r.get("breakdown", {}).items():
+            if kind not in ("all", "decode"):
+                continue
+            cells = " ".join(f"{shares[p]:>9.1%}" for p in PARTS)
+            print(f"{r['workload']:9} {r['engine']:16} {kind:8} {shares['steps']:>6} {cells}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--workloads", nargs="+", default=["short", "nano"], choices=list(WORKLOADS))
+    ap.add_argument("--backends", nargs="+", default=["torch", "cpu"])
+    ap.add_argument("--hf-batch", type=int, default=None, help="default: all requests")
+    ap.add_argument("--out", default="benchmarks/results/engine_throughput.json")
+    args = ap.parse_args()
+    rows = []
+    for name in args.workloads:
+        rows += run_workload(name, args.backends, args.hf_batch)
+    print_table(rows)
+    write_results(args.out, "engine_throughput", rows, backends=args.backends)
 
 
 if __name__ == "__main__":

@@ -15,9 +15,17 @@ position and hides the padding. Long prompts are cut into row chunks, each an
 item that sees only the keys up to its last row, so their work stays about half
 of a full square.
 
-Gathers go into buffers kept between calls; padded keys are zeroed after the
-gather: slots past a sequence's end may hold anything, and a masked NaN would
-still poison the softmax.
+A step's layers share their batch, so the grouping and every index, mask and
+padding list is built once per step (a *plan*, cached on the identity of the
+metadata tensors the layers are called with) and each layer runs only the
+gathers and attention calls. Gathers go into buffers kept between calls.
+
+Slots past an item's keys may hold anything (another request's stale values, or
+NaN), and a masked NaN still poisons the softmax, so padded keys must read
+finite values: padded blocks read the item's first block where that block is
+full (every slot written by this sequence), and the remaining padded slots (the
+tail of each item's last block, and padded blocks of items shorter than a block)
+are zeroed after the gather.
 """
 
 from __future__ import annotations
@@ -57,8 +65,12 @@ def paged_attention_decode(
 ) -> torch.Tensor:
     """One query token per sequence over its first ``context_lens[i]`` cached tokens
     (``torch_attention.paged_attention_decode``); a context of 0 gets zeros."""
-    items = [Item(i, 1, n, i) for i, n in enumerate(context_lens.tolist()) if n > 0]
-    return _attend(query, key_cache, value_cache, block_tables, items, scale)
+
+    def items():
+        return [Item(i, 1, n, i) for i, n in enumerate(context_lens.tolist()) if n > 0]
+
+    plan = _plan((block_tables, context_lens), query, key_cache, items)
+    return _run(plan, query, key_cache, value_cache, scale)
 
 
 def paged_attention_prefill(
@@ -75,21 +87,26 @@ def paged_attention_prefill(
     """Causal variable-length query chunks over a paged prefix
     (``torch_attention.paged_attention_prefill``): sequence ``i``'s queries are the
     last ``q_len`` of its ``seq_lens[i]`` tokens."""
-    items = []
-    starts = query_start_loc.tolist()
-    for i, ((s, e), n) in enumerate(zip(itertools.pairwise(starts), seq_lens.tolist())):
-        q_len = e - s
-        if q_len > n:
-            raise ValueError(f"sequence {i}: {q_len} queries but only {n} tokens in total")
-        if q_len == 0:
-            continue
-        if q_len == n:  # no prefix: one causal item, the kernel skips the upper triangle
-            items.append(Item(s, q_len, n, i))
-            continue
-        for a in range(0, q_len, ROW_CHUNK):
-            b = min(q_len, a + ROW_CHUNK)
-            items.append(Item(s + a, b - a, n - q_len + b, i))
-    return _attend(query, key_cache, value_cache, block_tables, items, scale)
+
+    def items():
+        out = []
+        starts = query_start_loc.tolist()
+        for i, ((s, e), n) in enumerate(zip(itertools.pairwise(starts), seq_lens.tolist())):
+            q_len = e - s
+            if q_len > n:
+                raise ValueError(f"sequence {i}: {q_len} queries but only {n} tokens in total")
+            if q_len == 0:
+                continue
+            if q_len == n:  # no prefix: one causal item, the kernel skips the upper triangle
+                out.append(Item(s, q_len, n, i))
+                continue
+            for a in range(0, q_len, ROW_CHUNK):
+                b = min(q_len, a + ROW_CHUNK)
+                out.append(Item(s + a, b - a, n - q_len + b, i))
+        return out
+
+    plan = _plan((block_tables, query_start_loc, seq_lens), query, key_cache, items)
+    return _run(plan, query, key_cache, value_cache, scale)
 
 
 class Item(NamedTuple):
@@ -111,18 +128,55 @@ class Item(NamedTuple):
         return keys * ((rows / 2 if self.causal else rows) + KEY_COST_ROWS)
 
 
-def _attend(query, key_cache, value_cache, block_tables, items, scale):
-    """``query``'s rows attended item by item; rows in no item (a decode with an
-    empty context) are zeros."""
-    covered = sum(it.rows for it in items)
-    out = torch.empty_like(query) if covered == len(query) else torch.zeros_like(query)
-    bytes_per_key = 2 * key_cache.shape[2] * key_cache.shape[3] * 4
+class Group(NamedTuple):
+    """One attention call's precomputed indices (see :func:`_group`)."""
+
+    blocks: torch.Tensor  # long [items * num_blocks]: cache blocks to gather
+    num_items: int
+    num_blocks: int
+    zero: torch.Tensor | None  # long: gathered key slots to zero (None: none)
+    q_rows: torch.Tensor  # long [items * q_max]: query rows (padding repeats a live row)
+    out_rows: torch.Tensor  # long: rows of the output the live results go to
+    live: torch.Tensor | None  # bool [items, q_max] (None: decode, all live)
+    mask: torch.Tensor | None  # bool, broadcast over heads (None: causal, or unmasked)
+    q_max: int
+    causal: bool
+
+
+class Plan(NamedTuple):
+    groups: list[Group]
+    covered: bool  # every query row is in some item (else the rest are zeros)
+
+
+_last_plan: tuple[tuple, Plan] | None = None  # (key, plan) of the last call
+
+
+def _plan(meta: tuple[torch.Tensor, ...], query, key_cache, items) -> Plan:
+    """The plan for this batch: the last call's where ``meta`` holds the same values
+    and the shapes are the same, as for every layer of a step. (Keyed on contents,
+    not identity: inference tensors keep no version counter to catch an in-place
+    change, and a few KB of bytes cost microseconds to compare.)"""
+    global _last_plan
+    key = (
+        tuple((tuple(t.shape), t.cpu().numpy().tobytes()) for t in meta),
+        tuple(query.shape),
+        tuple(key_cache.shape),
+        key_cache.device,
+    )
+    if _last_plan is not None and _last_plan[0] == key:
+        return _last_plan[1]
+    block_tables = meta[0]
+    its = items()
     block_size = key_cache.shape[1]
-    for causal in (True, False):
-        kind = [it for it in items if it.causal == causal]
-        for group in _groups(kind, block_size, bytes_per_key):
-            _attend_group(query, key_cache, value_cache, block_tables, group, scale, out)
-    return out
+    bytes_per_key = 2 * key_cache.shape[2] * key_cache.shape[3] * 4
+    groups = [
+        _group(grp, block_tables, block_size, query.device)
+        for causal in (True, False)
+        for grp in _groups([it for it in its if it.causal == causal], block_size, bytes_per_key)
+    ]
+    plan = Plan(groups, sum(it.rows for it in its) == len(query))
+    _last_plan = (key, plan)
+    return plan
 
 
 def _groups(items: list[Item], block_size: int, bytes_per_key: int):
@@ -152,6 +206,67 @@ def _round_up(n: int, block_size: int) -> int:
     return -(-n // block_size) * block_size
 
 
+def _group(group: list[Item], block_tables, block_size: int, dev) -> Group:
+    """The indices of one attention call over ``group``, padded to its largest item."""
+    first = torch.tensor([it.row for it in group], device=dev)
+    rows = torch.tensor([it.rows for it in group], device=dev)
+    keys = torch.tensor([it.keys for it in group], device=dev)
+    b, q_max = len(group), group[0].rows
+    num_blocks = -(-max(it.keys for it in group) // block_size)
+    width = num_blocks * block_size
+    table = block_tables[torch.tensor([it.seq for it in group], device=dev), :num_blocks].long()
+    # Blocks past an item's last may be anything in the table: read its first instead,
+    # which is finite where full, and zero what is not (see the module's docstring).
+    used = (
+        torch.arange(num_blocks, device=dev)[None, :]
+        < (keys[:, None] + block_size - 1) // block_size
+    )
+    table = torch.where(used, table, table[:, :1]).reshape(-1)
+    pos = torch.arange(width, device=dev)
+    past_end = pos[None, :] >= keys[:, None]  # [b, width]
+    stale = past_end & (
+        (pos[None, :] < _round_up_t(keys, block_size)[:, None]) | (keys < block_size)[:, None]
+    )
+    zero = stale.view(-1).nonzero().view(-1)
+    if q_max == 1:
+        return Group(
+            table,
+            b,
+            num_blocks,
+            zero if zero.numel() else None,
+            first,
+            first,
+            None,
+            (~past_end)[:, None, None, :],
+            1,
+            False,
+        )
+    j = torch.arange(q_max, device=dev)
+    live = j[None, :] < rows[:, None]  # [b, q_max]
+    q_rows = torch.where(live, first[:, None] + j[None, :], first[:, None])
+    causal = group[0].causal
+    # Row j of an item sees keys <= keys - rows + j; causal items need no mask (a live
+    # row j sees keys <= j, never the padding).
+    last_seen = (keys - rows)[:, None] + j[None, :]
+    mask = None if causal else (pos[None, None, :] <= last_seen[:, :, None])[:, None]
+    return Group(
+        table,
+        b,
+        num_blocks,
+        zero if zero.numel() else None,
+        q_rows.reshape(-1),
+        q_rows[live],
+        live,
+        mask,
+        q_max,
+        causal,
+    )
+
+
+def _round_up_t(n: torch.Tensor, block_size: int) -> torch.Tensor:
+    return (n + block_size - 1) // block_size * block_size
+
+
 def _workspace(name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
     """A reused buffer of ``shape`` (``like``'s dtype and device): fresh multi-MB
     temporaries would be page-faulted in on every call, which costs more than the
@@ -164,56 +279,32 @@ def _workspace(name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.T
     return buf[:numel].view(shape)
 
 
-def _attend_group(query, key_cache, value_cache, block_tables, group: list[Item], scale, out):
-    """One fused attention call over ``group``'s items, padded to its largest;
-    results written to their rows of ``out``."""
+def _run(plan: Plan, query, key_cache, value_cache, scale) -> torch.Tensor:
+    out = torch.empty_like(query) if plan.covered else torch.zeros_like(query)
     block_size, kv_heads, head_dim = key_cache.shape[1:]
     num_heads = query.shape[1]
-    dev = query.device
-    first = torch.tensor([it.row for it in group], device=dev)
-    rows = torch.tensor([it.rows for it in group], device=dev)
-    keys = torch.tensor([it.keys for it in group], device=dev)
-    b, q_max = len(group), group[0].rows
-    num_blocks = -(-max(it.keys for it in group) // block_size)
-    width = num_blocks * block_size
-    # Blocks past an item's last one may be anything in the table: read its first instead.
-    table = block_tables[torch.tensor([it.seq for it in group], device=dev), :num_blocks].long()
-    used = (
-        torch.arange(num_blocks, device=dev)[None, :]
-        < (keys[:, None] + block_size - 1) // block_size
-    )
-    table = torch.where(used, table, table[:, :1]).reshape(-1)
-    shape = (b * num_blocks, block_size, kv_heads, head_dim)
-    k = torch.index_select(key_cache, 0, table, out=_workspace("k", shape, key_cache))
-    v = torch.index_select(value_cache, 0, table, out=_workspace("v", shape, value_cache))
-    pos = torch.arange(width, device=dev)
-    pad = (pos[None, :] >= keys[:, None]).view(-1).nonzero().view(-1)  # padded key slots
-    if pad.numel():
-        k.view(b * width, -1).index_fill_(0, pad, 0.0)
-        v.view(b * width, -1).index_fill_(0, pad, 0.0)
-    k = k.view(b, width, kv_heads, head_dim).float().transpose(1, 2)
-    v = v.view(b, width, kv_heads, head_dim).float().transpose(1, 2)
-    if q_max == 1:
-        q = query.index_select(0, first)[:, None]
-        mask = (pos[None, :] < keys[:, None])[:, None, None, :]
-    else:
-        j = torch.arange(q_max, device=dev)
-        live = j[None, :] < rows[:, None]  # [b, q_max]
-        src = torch.where(live, first[:, None] + j[None, :], first[:, None])  # pad: row 0 again
-        q = query.index_select(0, src.reshape(-1)).view(b, q_max, num_heads, head_dim)
-        # Causal items need no mask: a live row j sees keys <= j, never the padding.
-        last_seen = (keys - rows)[:, None] + j[None, :]
-        mask = None if group[0].causal else (pos[None, None, :] <= last_seen[:, :, None])[:, None]
-    o = F.scaled_dot_product_attention(
-        q.float().transpose(1, 2),
-        k,
-        v,
-        attn_mask=mask,
-        is_causal=mask is None and q_max > 1,
-        scale=scale,
-        enable_gqa=True,
-    ).transpose(1, 2)  # [b, q_max, heads, head_dim]
-    if q_max == 1:
-        out[first] = o[:, 0].to(out.dtype)
-    else:
-        out[src[live]] = o[live].to(out.dtype)
+    group_size = num_heads // kv_heads
+    for g in plan.groups:
+        b, width = g.num_items, g.num_blocks * block_size
+        shape = (b * g.num_blocks, block_size, kv_heads, head_dim)
+        k = torch.index_select(key_cache, 0, g.blocks, out=_workspace("k", shape, key_cache))
+        v = torch.index_select(value_cache, 0, g.blocks, out=_workspace("v", shape, value_cache))
+        if g.zero is not None:
+            k.view(b * width, -1).index_fill_(0, g.zero, 0.0)
+            v.view(b * width, -1).index_fill_(0, g.zero, 0.0)
+        k = k.view(b, width, kv_heads, head_dim).float().transpose(1, 2)
+        v = v.view(b, width, kv_heads, head_dim).float().transpose(1, 2)
+        q = query.index_select(0, g.q_rows).float()
+        if g.q_max == 1:
+            # A decode's query heads of one KV head are rows of one product: each KV
+            # head's keys are read once, not once per query head.
+            q = q.view(b, kv_heads, group_size, head_dim)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=g.mask, scale=scale)
+            out[g.out_rows] = o.reshape(b, num_heads, head_dim).to(out.dtype)
+            continue
+        q = q.view(b, g.q_max, num_heads, head_dim).transpose(1, 2)
+        o = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=g.mask, is_causal=g.causal, scale=scale, enable_gqa=True
+        ).transpose(1, 2)  # [b, q_max, heads, head_dim]
+        out[g.out_rows] = o[g.live].to(out.dtype)
+    return out

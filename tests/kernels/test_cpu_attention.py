@@ -82,3 +82,28 @@ def test_groups_bound_their_padding_and_bytes():
         assert padded <= cpu_attention.PAD_SLACK * own + cpu_attention.CALL_COST or len(grp) == 1
         assert len(grp) * width * bytes_per_key <= cpu_attention.GROUP_BYTES or len(grp) == 1
     assert len(groups) < len(items) / 4
+
+
+def test_a_plan_is_reused_only_for_the_same_batch():
+    """Layers of a step share one plan; a table changed in place (same tensor object)
+    or new lengths get a new one, not the last call's."""
+    g = torch.Generator().manual_seed(5)
+    case = make_case([40, 17, 90], 2, 64, 16, torch.float32, g)
+    query, expected = decode_inputs(case, 4, g)
+    args = (case.key_cache, case.value_cache, case.block_tables, case.seq_lens, 0.125)
+    assert_close(cpu_attention.paged_attention_decode(query, *args), expected, torch.float32)
+    plan = cpu_attention._last_plan
+    cpu_attention.paged_attention_decode(query, *args)
+    assert cpu_attention._last_plan is plan
+    # Move sequence 0's blocks: same tensors, new contents.
+    tables, kc, vc = case.block_tables, case.key_cache, case.value_cache
+    taken = set(tables.flatten().tolist())
+    free = [b for b in range(kc.shape[0]) if b not in taken][:3]
+    assert len(free) == 3
+    for old, new in zip(tables[0, :3].tolist(), free, strict=True):
+        kc[new], vc[new] = kc[old].clone(), vc[old].clone()
+        kc[old], vc[old] = float("nan"), float("nan")
+    tables[0, :3] = torch.tensor(free, dtype=tables.dtype)
+    out = cpu_attention.paged_attention_decode(query, *args)
+    assert cpu_attention._last_plan is not plan
+    assert_close(out, expected, torch.float32)
