@@ -51,14 +51,26 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
+    """Rotary position embedding. Every layer of a forward pass rotates by the same
+    positions, so the cos/sin of the last ``positions`` tensor are kept and reused."""
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        self._cached: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
-    def forward(self, positions: torch.Tensor, *xs: torch.Tensor) -> list[torch.Tensor]:
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cached = self._cached
+        if cached is not None and cached[0] is positions:
+            return cached[1], cached[2]
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos()[:, None, :], emb.sin()[:, None, :]
+        self._cached = (positions, cos, sin)  # holds positions: its id is not reused
+        return cos, sin
+
+    def forward(self, positions: torch.Tensor, *xs: torch.Tensor) -> list[torch.Tensor]:
+        cos, sin = self.cos_sin(positions)
         out = []
         for x in xs:  # [tokens, heads, head_dim], the "rotate half" convention of HF
             x1, x2 = x.float().chunk(2, dim=-1)
