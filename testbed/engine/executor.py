@@ -184,7 +184,9 @@ class ModelExecutor:
         if plain:
             reqs = [so.requests[i] for i in plain]
             toks = self.sampler.sample(
-                logits[plain_rows], [r.request_id for r in reqs], [r.sampling_params for r in reqs]
+                logits if plain_rows == list(range(len(logits))) else logits[plain_rows],
+                [r.request_id for r in reqs],
+                [r.sampling_params for r in reqs],
             )
             for i, tok in zip(plain, toks, strict=True):
                 sampled[i] = [tok]

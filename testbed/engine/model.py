@@ -177,8 +177,11 @@ class CausalLM(nn.Module):
     """``forward`` returns hidden states of every token; ``logits`` projects the few
     that sample (computing the vocabulary projection for all would waste it)."""
 
-    # On a CPU, up to this many sampled rows (float32) compute the LM head as W·hᵀ.
+    # On a CPU (float32), up to this many sampled rows compute the LM head as W·hᵀ
+    # and copy it to [rows, vocab]; up to cpu_view_logits_rows return it as a
+    # transposed view instead.
     cpu_wide_logits_rows = 11
+    cpu_view_logits_rows = 64
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -198,14 +201,18 @@ class CausalLM(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         rows, w = hidden.shape[0], self.lm_head.weight
         if (
-            rows <= self.cpu_wide_logits_rows
+            rows <= self.cpu_view_logits_rows
             and w.device.type == "cpu"
             and w.dtype == torch.float32
         ):
             # MKL's float32 GEMM is slow for a few rows times a wide matrix (2 or 3
             # rows of the 32000-word head cost more than 4) but fast as W·hᵀ with
             # at least two columns (benchmarks/lm_head.py): the same products,
-            # 1.1–3x faster for 1 to 11 rows (and slower for 12).
+            # 1.1–3x faster for 1 to 11 rows. From 12 rows on, copying the result
+            # to [rows, vocab] costs more than it saves; as a transposed view, an
+            # argmax over its rows costs less than the saving, up to 64 rows.
+            if rows > self.cpu_wide_logits_rows:
+                return (w @ hidden.T).T
             cols = hidden if rows > 1 else hidden.repeat(2, 1)
             return (w @ cols.T)[:, :rows].T.contiguous()
         return self.lm_head(hidden).float()

@@ -46,19 +46,22 @@ def test_logits_match_transformers_on_the_shared_tinystories_model():
     )
 
 
-def test_cpu_logits_of_few_rows_equal_the_plain_product():
-    # On a CPU, up to cpu_wide_logits_rows rows take W·hᵀ (a faster MKL path):
-    # the same logits, row for row, as the plain h·Wᵀ, and a contiguous tensor.
+def test_cpu_logits_of_any_rows_equal_the_plain_product():
+    # On a CPU, up to cpu_view_logits_rows rows take W·hᵀ (a faster MKL path):
+    # the same logits, row for row, as the plain h·Wᵀ, contiguous up to
+    # cpu_wide_logits_rows rows and a transposed view from there to the view limit.
     cfg, _, _ = engine_model("dummy-llama")
     model = build_model(cfg, None, torch.float32, torch.device("cpu"))
     w = model.lm_head.weight
-    wide = CausalLM.cpu_wide_logits_rows
-    for rows in [0, 1, 2, 3, wide, wide + 1]:
+    wide, view = CausalLM.cpu_wide_logits_rows, CausalLM.cpu_view_logits_rows
+    for rows in [0, 1, 2, 3, wide, wide + 1, view, view + 1]:
         hidden = torch.randn(rows, cfg.hidden_size, generator=torch.Generator().manual_seed(rows))
         got = model.logits(hidden)
-        assert got.shape == (rows, cfg.vocab_size) and got.is_contiguous()
+        assert got.shape == (rows, cfg.vocab_size)
+        assert got.is_contiguous() == (rows <= wide or rows > view)
         assert got.dtype == torch.float32
         torch.testing.assert_close(got, hidden @ w.T, rtol=1e-5, atol=1e-5)
+        assert torch.equal(got.argmax(-1), (hidden @ w.T).argmax(-1))
 
 
 def test_dummy_weights_in_a_low_precision_dtype_are_the_float32_ones_rounded():
