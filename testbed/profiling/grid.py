@@ -34,6 +34,18 @@ def interleave(first: list, second: list) -> list:
 # points tell the latency model what attention over a long cached context costs
 # beside the tokens computed.
 PREFIX_POINTS = [(0, 0, p, c) for c in (256, 1024) for p in (64, 256, 768)] + [(4, 256, 256, 1024)]
+# Many short prompts prefilled in one step (a burst of arrivals, or a policy that
+# packs short requests first), alone and beside decodes: the same tokens as one
+# long prompt cost more attention calls, sampled rows and per-sequence work, and
+# far fewer attention pairs, which only these points show the latency model.
+PACKED_POINTS = [
+    (0, 0, 512, 0, 0, 8),
+    (0, 0, 512, 0, 0, 16),
+    (0, 0, 2048, 0, 0, 16),
+    (0, 0, 2048, 0, 0, 48),
+    (16, 256, 1024, 0, 0, 16),
+    (32, 256, 512, 0, 0, 16),
+]
 # Speculative decoding's verification steps: each decoder's last token and 3
 # drafts (4 query tokens after its context), the shape no other point has.
 DRAFT_POINTS = [(b, c, 0, 0, 3) for b in (1, 4, 16, 64) for c in (256, 1024)]
@@ -42,7 +54,8 @@ DEFAULT_GRID = interleave(
     [(b, c, 0) for b in DECODE_BATCHES for c in CONTEXTS] + DRAFT_POINTS,
     [(0, 0, p) for p in PREFILLS]
     + [(b, 256, p) for b in (4, 16) for p in (64, 256, 1024)]
-    + PREFIX_POINTS,
+    + PREFIX_POINTS
+    + PACKED_POINTS,
 )
 # A GPU's engine batches up to the engine's max_num_seqs (256) and a step of 8B
 # weights costs about as much for 1 as for 100 decodes, so the grid goes on from
@@ -61,7 +74,7 @@ GRIDS = {
     "gpu": GPU_GRID,
     "quick": interleave(
         [(b, 128, 0) for b in (1, 4, 16)] + [(4, 128, 0, 0, 3)],
-        [(0, 0, p) for p in (32, 256)] + [(4, 128, 128), (0, 0, 64, 256)],
+        [(0, 0, p) for p in (32, 256)] + [(4, 128, 128), (0, 0, 64, 256), (0, 0, 256, 0, 0, 8)],
     ),
 }
 GRID_CHOICES = ("auto", *GRIDS)  # auto: gpu on a CUDA device, else default
@@ -84,21 +97,31 @@ PREFILL_BUDGET = 2048  # tokens per step beyond the decodes: the largest prefill
 class Point:
     """One grid point: ``decode_batch`` requests each decoding after ``context``
     tokens (verifying ``drafts`` draft tokens too, as speculative decoding's
-    steps do), beside one request prefilling ``prefill_tokens`` tokens after
-    ``prefix_tokens`` prompt tokens the engine already holds in its prefix cache
-    (a whole number of KV blocks)."""
+    steps do), beside ``prefills`` requests prefilling ``prefill_tokens`` tokens
+    in all (split as evenly as they go), each after ``prefix_tokens`` prompt
+    tokens the engine already holds in its prefix cache (a whole number of KV
+    blocks)."""
 
     decode_batch: int
     context: int
     prefill_tokens: int
     prefix_tokens: int = 0
     drafts: int = 0
+    prefills: int = 1
 
     def label(self) -> str:
-        """``decodes x context + prefill`` (``+ prefill after prefix``, ``~drafts``)."""
+        """``decodes x context + prefill`` (``/prompts``, ``@prefix``, ``~drafts``)."""
         text = f"{self.decode_batch}x{self.context}+{self.prefill_tokens}"
+        text += f"/{self.prefills}" if self.prefills > 1 else ""
         text += f"@{self.prefix_tokens}" if self.prefix_tokens else ""
         return text + (f"~{self.drafts}" if self.drafts else "")
+
+    def prompt_lens(self) -> list[int]:
+        """Each prefilling request's new tokens (none without a prefill)."""
+        if not self.prefill_tokens:
+            return []
+        n, extra = divmod(self.prefill_tokens, self.prefills)
+        return [n + (i < extra) for i in range(self.prefills)]
 
 
 def decoder_output(point: Point, steps: int) -> int:
@@ -124,9 +147,10 @@ def fit_args(args: EngineArgs, points: list[Point], repeats: int, warmup: int) -
     prompt = max(p.prefix_tokens + p.prefill_tokens + 1 for p in points)
     longest = max(max(p.context + decoder_output(p, steps) for p in points), prompt)
     need = max(p.decode_batch * blocks(p.context + decoder_output(p, steps)) for p in points)
-    need += blocks(prompt)  # a point's prefill (after its cached prefix) beside them
+    # a point's prefills (each after its cached prefix) beside them
+    need += max(sum(blocks(p.prefix_tokens + n + 1) for n in p.prompt_lens()) for p in points)
     args.enable_prefix_caching = False
-    batch = max(p.decode_batch for p in points) + 1
+    batch = max(p.decode_batch + p.prefills for p in points)
     args.max_num_seqs = max(args.max_num_seqs, batch)
     args.max_num_batched_tokens = max(p.decode_batch * (1 + p.drafts) for p in points)
     args.max_num_batched_tokens += 1 + PREFILL_BUDGET

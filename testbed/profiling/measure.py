@@ -110,8 +110,8 @@ def measure_point(
     for k in range(steps):
         for r in decodes:  # drafts to verify (random tokens: mostly rejected)
             r.spec_token_ids = [rng.randrange(vocab) for _ in range(point.drafts)] or ()
-        if point.prefill_tokens:
-            p = _request(f"p{k}", point.prefill_tokens, 1, rng, vocab, prefix)
+        for j, n in enumerate(point.prompt_lens()):
+            p = _request(f"p{k}.{j}", n, 1, rng, vocab, prefix)
             p.arrival_time = clock()
             engine.add_request(p)
         timed_backend.seconds = 0.0
@@ -171,6 +171,7 @@ def summarize_point(point: Point, rows: list[dict]) -> dict:
         prefill_tokens=point.prefill_tokens,
         prefix_tokens=point.prefix_tokens,
         drafts=point.drafts,
+        prefills=point.prefills if point.prefill_tokens else 0,
         **feature_columns(rows[mid]["features"]),
         latency_s=med(totals),
         latency_min_s=min(totals),

@@ -123,6 +123,7 @@ def run_profile(
             done += 1
             after = f" after {point.prefix_tokens} cached" if point.prefix_tokens else ""
             after += f", {point.drafts} drafts each" if point.drafts else ""
+            after += f" in {point.prefills} prompts" if point.prefills > 1 else ""
             print(
                 f"  [{done}/{len(points)}] decodes {point.decode_batch:>3} x ctx "
                 f"{point.context:>5}, prefill {point.prefill_tokens:>5}{after}: "
@@ -134,7 +135,8 @@ def run_profile(
             skipped = ", ".join(p.label() for p in points[done:])
             grid_note = (
                 f"{grid_name} ({done} of {len(points)} points; skipped at the {max_grid_s:g} s "
-                f"limit, as decodes x context + prefill[@cached prefix][~drafts]: {skipped})"
+                "limit, as decodes x context + prefill[/prompts][@cached prefix][~drafts]: "
+                f"{skipped})"
             )
             print(f"  grid stopped at its {max_grid_s:g} s limit: {grid_note}", flush=True)
         print(f"  replaying {replay_requests} synthetic requests for realistic step mixes ...")

@@ -298,6 +298,33 @@ def test_the_profilers_kv_cache_holds_each_point_not_the_largest_batch_at_the_lo
     assert engine.scheduler.num_preemptions == 0
 
 
+def test_a_packed_point_prefills_its_tokens_as_that_many_prompts_in_one_step():
+    # A burst's step: many short prompts at once, alone and beside decodes.
+    from testbed.engine.args import EngineArgs
+    from testbed.engine.factory import build_engine
+    from testbed.profiling.grid import PACKED_POINTS, Point, fit_args
+    from testbed.profiling.measure import measure_point
+
+    assert all(Point(*g) in map(lambda x: Point(*x), GRIDS["default"]) for g in PACKED_POINTS)
+    grid = [Point(0, 0, 100, 0, 0, 7), Point(5, 64, 90, 0, 0, 9)]
+    assert grid[0].prompt_lens() == [15, 15, 14, 14, 14, 14, 14] and grid[0].label() == "0x0+100/7"
+    args = EngineArgs(model="dummy-llama", device="cpu", block_size=16)
+    fit_args(args, grid, repeats=2, warmup=1)
+    assert args.max_num_seqs >= 14
+    engine, executor, cfg = build_engine(args)
+    for i, p in enumerate(grid):
+        row = measure_point(engine, executor, p, 2, 1, cfg.vocab_size, i)
+        assert row["prefills"] == p.prefills
+        assert row["num_reqs"] == p.decode_batch + p.prefills
+        assert row["num_tokens"] == p.decode_batch + p.prefill_tokens
+        lens = p.prompt_lens()
+        decode_pairs = p.decode_batch * (p.context + 1)
+        assert row["attn_pairs"] == pytest.approx(
+            sum(n * (n + 1) / 2 for n in lens) + decode_pairs, rel=0.05
+        )
+    assert engine.scheduler.num_preemptions == 0
+
+
 def test_a_prefill_after_a_cached_prefix_computes_only_its_new_tokens():
     # What a trace with prefix sharing produces: attention over a long cached
     # context beside few tokens computed, which no prefill from scratch shows.
@@ -347,7 +374,7 @@ def test_a_profile_past_its_grid_time_limit_skips_the_rest_names_them_and_still_
     n = len(GRIDS["quick"])
     assert header["grid"].startswith(f"quick (1 of {n} points; skipped at the 1e-09 s limit")
     assert header["grid"].endswith(
-        "0x0+32, 4x128+0, 0x0+256, 16x128+0, 4x128+128, 4x128+0~3, 0x0+64@256)"
+        "1x128+0, 0x0+256, 4x128+0, 4x128+128, 16x128+0, 0x0+64@256, 4x128+0~3, 0x0+256/8)"
     )
     table = pd.read_csv(path, comment="#")
     assert (table["grid"] == "point").sum() == 1 and (table["grid"] == "replay").sum() > 6
