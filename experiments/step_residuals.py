@@ -1,10 +1,14 @@
 """Where a profile misses a real run's steps: by the idle gap before each step,
-and as a scale against a fixed per-step cost.
+by step kind, and as a scale against a fixed per-step cost.
 
 For each real run directory given (a fidelity experiment's ``*-real*``), every
 busy step of ``steps.csv`` is predicted by the latency model fitted to
 ``--profile``, and two questions are answered:
 
+- **kinds**: each kind of step (plain decodes; one prompt's chunk; several
+  prompts' chunks packed into one step, as a burst gives; prefills beside
+  decodes) in total, at the model's level and at the run's own speed: whether
+  the model prices the kinds right against each other.
 - **gap**: does a step that follows an idle gap (the engine waited for an
   arrival: caches cold, the vCPU perhaps descheduled) run slower or faster
   than one that follows another step? Summed predicted over summed measured
@@ -28,7 +32,7 @@ later), each one's total error on the same steps, its prefill/decode split and
 its small/large decode batch ratio: how much of a shape error is the profile
 pass's. Prints the tables and writes ``gaps.csv``, ``decodes.csv``,
 ``affine.csv``, ``compare.csv``, ``step_residuals.md`` and ``manifest.json`` to
-``--out`` (``outputs/step_residuals``).
+``--out`` (``outputs/step_residuals``), and ``kinds.csv``.
 """
 
 from __future__ import annotations
@@ -73,6 +77,40 @@ def gap_table(steps: pd.DataFrame) -> pd.DataFrame:
     table = table.reset_index()
     table["order"] = table["gap"].map(order)
     return table.sort_values(["trace", "kind", "order"]).drop(columns="order")
+
+
+STEP_KINDS = ("decode only", "one prefill", "many prefills", "mixed")
+
+
+def step_kind(steps: pd.DataFrame) -> np.ndarray:
+    """Each step's kind: plain decodes; one prompt's chunk alone; several prompts'
+    chunks alone (a burst packed into one step); prefill chunks beside decodes.
+    A step's prefilling requests are those not decoding (``num_reqs`` less
+    ``num_decode_tokens``: one token each, without speculation)."""
+    prefills = steps["num_reqs"].to_numpy(int) - steps["num_decode_tokens"].to_numpy(int)
+    decodes = steps["num_decode_tokens"].to_numpy(int)
+    kinds = np.where(prefills <= 1, "one prefill", "many prefills")
+    kinds = np.where(decodes > 0, "mixed", kinds)
+    return np.where(steps["num_prefill_tokens"].to_numpy(int) == 0, "decode only", kinds)
+
+
+def kind_table(steps: pd.DataFrame) -> pd.DataFrame:
+    """Each run's summed predicted over summed measured time, less 1, by
+    :func:`step_kind`, with the prediction at the run's own speed (scaled so that
+    the run's steps in total are predicted exactly): how the model prices each
+    kind against the others, whatever the machine's speed during the run."""
+    steps = steps.assign(kind=step_kind(steps))
+    rows = []
+    for (trace, run), part in steps.groupby(["trace", "run"], sort=False):
+        speed = part["latency_s"].sum() / part["pred_s"].sum()
+        for kind in STEP_KINDS:
+            k = part[part["kind"] == kind]
+            if len(k):
+                pred, real = k["pred_s"].sum(), k["latency_s"].sum()
+                rows.append({"trace": trace, "run": run, "kind": kind, "steps": len(k),
+                             "real_s": real, "pred_s": pred, "err": pred / real - 1,
+                             "err_own_speed": pred * speed / real - 1})  # fmt: skip
+    return pd.DataFrame(rows)
 
 
 CONTEXT_EDGES = (128, 256, 512, 1024, 1536, 2048, 4096, 8192, np.inf)
@@ -144,10 +182,26 @@ def compare(profiles: list[Path], runs: list[Path]) -> pd.DataFrame:
 
 
 def residuals_markdown(
-    gaps: pd.DataFrame, decodes: pd.DataFrame, fits: pd.DataFrame, compared: pd.DataFrame | None
+    gaps: pd.DataFrame,
+    decodes: pd.DataFrame,
+    fits: pd.DataFrame,
+    compared: pd.DataFrame | None,
+    kinds: pd.DataFrame | None = None,
 ) -> str:
-    """The gap, decode, affine and (with ``--compare``) per-profile tables as Markdown."""
-    text = "Predicted over measured busy time, less 1, by the idle gap before each step:\n\n"
+    """The kind, gap, decode, affine and (with ``--compare``) per-profile tables as
+    Markdown."""
+    text = ""
+    if kinds is not None and len(kinds):
+        text += "Predicted over measured busy time, less 1, by step kind (and at the run's "
+        text += "own speed):\n\n"
+        text += markdown_table(
+            ["trace", "run", "kind", "steps", "measured (s)", "error", "at own speed"],
+            [[r.trace, r.run, r.kind, str(r.steps), f"{r.real_s:.2f}", f"{r.err:+.1%}",
+              f"{r.err_own_speed:+.1%}"] for r in kinds.itertuples()],
+            left=3,
+        )  # fmt: skip
+        text += "\n"
+    text += "Predicted over measured busy time, less 1, by the idle gap before each step:\n\n"
     text += markdown_table(
         ["trace", "kind", "gap", "steps", "error"],
         [[r.trace, r.kind, r.gap, str(r.steps), f"{r.err:+.1%}"] for r in gaps.itertuples()],
@@ -197,6 +251,7 @@ def main(argv: list[str] | None = None) -> None:
     steps = [run_steps(run, model) for run in args.runs]
     every = pd.concat(steps, ignore_index=True)
     tables = dict(
+        kinds=kind_table(every),
         gaps=gap_table(every),
         decodes=decode_table(every),
         affine=pd.DataFrame(
@@ -210,7 +265,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.compare:
         tables["compare"] = compare([args.profile, *args.compare], args.runs)
     text = residuals_markdown(tables["gaps"], tables["decodes"], tables["affine"],
-                              tables.get("compare"))  # fmt: skip
+                              tables.get("compare"), tables["kinds"])  # fmt: skip
     print(text, end="")
     args.out.mkdir(parents=True, exist_ok=True)
     for name, table in tables.items():

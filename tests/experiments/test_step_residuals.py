@@ -96,3 +96,29 @@ def test_shape_ratios_ignore_a_uniform_change_of_speed(tmp_path):
     assert got["small_vs_large"] == pytest.approx(1 / 1.3 - 1)
     assert got["split"] > 0  # the prefill is not slowed beyond the factor 2; the small decodes are
     assert got["err_total"] < -0.5
+
+
+def test_steps_are_told_apart_by_kind_and_priced_at_the_runs_own_speed(tmp_path):
+    # A decode step, one prompt alone, 5 prompts packed, 3 prompts beside 4 decodes;
+    # the packed step ran 1.5x its prediction, the rest as predicted, all 2x slower.
+    rows, t = [], 0.0
+    for reqs, prefill, decode, slow in (
+        (8, 0, 8, 1.0),
+        (1, 200, 0, 1.0),
+        (5, 200, 0, 1.5),
+        (7, 200, 4, 1.0),
+    ):
+        real = 2 * slow * (0.005 + 0.001 * (prefill + decode))
+        rows.append(step(t, real, reqs, prefill, decode))
+        t += real
+    steps = sr.run_steps(write_run(tmp_path / "burst" / "sjf-real", rows), Linear())
+    assert list(sr.step_kind(steps)) == ["decode only", "one prefill", "many prefills", "mixed"]
+    table = sr.kind_table(steps).set_index("kind")
+    assert table["steps"].tolist() == [1, 1, 1, 1]
+    assert table.loc["one prefill", "err"] == pytest.approx(-0.5)  # the run is 2x slower
+    speed = sum(r["latency_s"] for r in rows) / steps["pred_s"].sum()
+    packed = table.loc["many prefills"]
+    assert packed["err_own_speed"] == pytest.approx(speed / 3 - 1)
+    assert table.loc["decode only", "err_own_speed"] == pytest.approx(speed / 2 - 1)
+    own = (table["pred_s"] * speed).sum() / table["real_s"].sum()
+    assert own == pytest.approx(1.0)  # in total, exact at the run's own speed
