@@ -49,9 +49,13 @@ PACKED_POINTS = [
 # Speculative decoding's verification steps: each decoder's last token and 3
 # drafts (4 query tokens after its context), the shape no other point has.
 DRAFT_POINTS = [(b, c, 0, 0, 3) for b in (1, 4, 16, 64) for c in (256, 1024)]
+# The engine batches up to max_num_seqs (256) on a CPU too: a burst of short
+# requests decodes a hundred at once, past the batches above, where an
+# extrapolated fit missed its steps by 30% (docs/fidelity.md).
+LARGE_DECODES = [(128, c, 0) for c in (64, 256)]
 # Decode points and points with a prefill are interleaved (see interleave).
 DEFAULT_GRID = interleave(
-    [(b, c, 0) for b in DECODE_BATCHES for c in CONTEXTS] + DRAFT_POINTS,
+    [(b, c, 0) for b in DECODE_BATCHES for c in CONTEXTS] + DRAFT_POINTS + LARGE_DECODES,
     [(0, 0, p) for p in PREFILLS]
     + [(b, 256, p) for b in (4, 16) for p in (64, 256, 1024)]
     + PREFIX_POINTS
@@ -65,7 +69,12 @@ DEFAULT_GRID = interleave(
 # grid's points come first, so that a profile cut short by its time limit
 # (``max_grid_s``) has those.
 GPU_GRID = DEFAULT_GRID + interleave(
-    [(b, c, 0) for b in (128, 256) for c in CONTEXTS if b * c <= 2**18]
+    [
+        (b, c, 0)
+        for b in (128, 256)
+        for c in CONTEXTS
+        if b * c <= 2**18 and (b, c, 0) not in LARGE_DECODES
+    ]
     + [(b, 4096, 0) for b in (1, 4, 16, 64)],
     [(64, 256, p) for p in (64, 256, 1024)],
 )
