@@ -20,13 +20,16 @@ On CUDA the JSON also records the GPU, the weight bytes and the decode-roofline
 floor of the run (every decode step reads all weights once);
 ``benchmarks/decode_step.py`` measures the achieved bandwidth per step.
 
-    python benchmarks/engine_throughput.py [--workloads nano short] [--out ...json]
+    python benchmarks/engine_throughput.py [--workloads nano short] [--repeats 3] [--out ...json]
+    python benchmarks/engine_throughput.py --model qwen3-0.6b --requests 256 \\
+        --prompt 512 512 --output 128 128 --max-num-seqs 256 --hf-batch 64   # a GPU
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import statistics
 import time
 
 import torch
@@ -137,36 +140,59 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def run_workload(name: str, backends: list[str], hf_batch: int | None) -> list[dict]:
+def run_workload(
+    name: str, backends: list[str], hf_batch: int | None, repeats: int, max_num_seqs: int = 64
+) -> list[dict]:
+    """Each engine ``repeats`` times, in rounds (ours with each backend, then
+    transformers), so that a drift of the machine's speed reaches all alike; each
+    engine's median time, and every round's speed-up against that round's
+    transformers run."""
     spec = WORKLOADS[name]
-    rows, llm = [], None
+    llms = {}
     for backend in backends:
-        llm = LLM(
+        llms[backend] = LLM(
             spec["model"],
-            max_num_seqs=64,
+            max_num_seqs=max_num_seqs,
             max_num_batched_tokens=4096,
             attention_backend=backend,
         )
-        prompts, outputs = workload(
-            spec["requests"], spec["prompt"], spec["output"], llm.config.vocab_size, 0
-        )
-        run_ours(llm, prompts[:4], [8] * 4)  # warm-up
-        with StepBreakdown(llm) as breakdown:
-            ours_s, _ = run_ours(llm, prompts, outputs)
-        rows.append(
-            dict(
-                workload=name,
-                engine=f"ours ({backend})",
-                attention_backend=llm.executor.backend.__name__,
-                seconds=ours_s,
-                breakdown=breakdown.summary(),
-            )
-        )
+    llm = llms[backends[-1]]
+    prompts, outputs = workload(
+        spec["requests"], spec["prompt"], spec["output"], llm.config.vocab_size, 0
+    )
     batch = hf_batch or spec["requests"]
     hf = hf_model_like(llm)
     run_hf(hf, prompts[:4], [8] * 4, 4)  # warm-up
-    hf_s = run_hf(hf, prompts, outputs, batch)
-    rows.append(dict(workload=name, engine=f"hf generate (batch {batch})", seconds=hf_s))
+    times: dict[str, list[float]] = {b: [] for b in [*backends, "hf"]}
+    breakdowns = {}
+    for _ in range(repeats):
+        for backend in backends:
+            run_ours(llms[backend], prompts[:4], [8] * 4)  # warm-up
+            with StepBreakdown(llms[backend]) as breakdown:
+                times[backend].append(run_ours(llms[backend], prompts, outputs)[0])
+            breakdowns.setdefault(backend, breakdown)  # the first round's
+        times["hf"].append(run_hf(hf, prompts, outputs, batch))
+    rows = [
+        dict(
+            workload=name,
+            engine=f"ours ({backend})",
+            attention_backend=llms[backend].executor.backend.__name__,
+            seconds=statistics.median(times[backend]),
+            rounds_s=times[backend],
+            speedup_by_round=[h / t for h, t in zip(times["hf"], times[backend], strict=True)],
+            breakdown=breakdowns[backend].summary(),
+        )
+        for backend in backends
+    ]
+    rows.append(
+        dict(
+            workload=name,
+            engine=f"hf generate (batch {batch})",
+            seconds=statistics.median(times["hf"]),
+            rounds_s=times["hf"],
+        )
+    )
+    hf_s = rows[-1]["seconds"]
     tokens = sum(outputs)
     for row in rows:
         row |= dict(
@@ -194,11 +220,16 @@ def run_workload(name: str, backends: list[str], hf_batch: int | None) -> list[d
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"{'workload':9} {'engine':24} {'seconds':>8} {'out tok/s':>10} {'vs hf':>6} {'pad':>5}")
+    print(
+        f"{'workload':9} {'engine':24} {'seconds':>8} {'out tok/s':>10} {'vs hf':>6} "
+        f"{'by round':>12} {'pad':>5}"
+    )
     for r in rows:
+        rounds = r.get("speedup_by_round", [])
+        spread = f"{min(rounds):.2f}-{max(rounds):.2f}" if rounds else ""
         print(
             f"{r['workload']:9} {r['engine']:24} {r['seconds']:>8.2f} {r['tok_s']:>10.1f} "
-            f"{r['speedup_vs_hf']:>5.2f}x {r['padding_bound']:>5.2f}"
+            f"{r['speedup_vs_hf']:>5.2f}x {spread:>12} {r['padding_bound']:>5.2f}"
         )
     print("\nshare of step time (ours), all steps / decode-only steps:")
     print(
@@ -216,15 +247,35 @@ def print_table(rows: list[dict]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workloads", nargs="+", default=["short", "nano"], choices=list(WORKLOADS))
-    ap.add_argument("--backends", nargs="+", default=["torch", "cpu"])
+    ap.add_argument(
+        "--backends",
+        nargs="+",
+        default=["auto"] if torch.cuda.is_available() else ["torch", "cpu"],
+        help="attention paths of our engine (default: triton on CUDA, else the torch "
+        "reference and the CPU path)",
+    )
+    ap.add_argument("--model", help="a custom workload on this conf/model (instead of --workloads)")
+    ap.add_argument("--requests", type=int, default=64, help="(custom workload)")
+    ap.add_argument("--prompt", type=int, nargs=2, default=[100, 1024], help="(custom workload)")
+    ap.add_argument("--output", type=int, nargs=2, default=[100, 1024], help="(custom workload)")
+    ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--hf-batch", type=int, default=None, help="default: all requests")
+    ap.add_argument("--repeats", type=int, default=1, help="rounds of every engine")
     ap.add_argument("--out", default="benchmarks/results/engine_throughput.json")
     args = ap.parse_args()
+    if args.model:
+        WORKLOADS["custom"] = dict(
+            model=args.model,
+            requests=args.requests,
+            prompt=tuple(args.prompt),
+            output=tuple(args.output),
+        )
+        args.workloads = ["custom"]
     rows = []
     for name in args.workloads:
-        rows += run_workload(name, args.backends, args.hf_batch)
+        rows += run_workload(name, args.backends, args.hf_batch, args.repeats, args.max_num_seqs)
     print_table(rows)
-    write_results(args.out, "engine_throughput", rows, backends=args.backends)
+    write_results(args.out, "engine_throughput", rows, backends=args.backends, repeats=args.repeats)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""Paged-attention kernels: Triton on CUDA, each beside a torch reference with the
-same signature (the real engine's hot path; the references are what runs on CPU).
+"""Paged-attention kernels: Triton on CUDA and a torch path for CPUs, each beside a
+torch reference with the same signature (the real engine's hot path).
 
 Three operations, in three modules with identical signatures:
 

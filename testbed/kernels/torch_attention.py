@@ -1,7 +1,8 @@
 """Torch reference implementations of the paged-attention kernels.
 
-They define what the Triton kernels compute and are what the engine runs on CPU,
-so they are vectorized: decode gathers each sequence's K/V through its block table
+They define what the Triton kernels and the CPU path (``cpu_attention``) compute,
+and run as an engine's backend with ``attention_backend=torch``. They are
+vectorized: decode gathers each sequence's K/V through its block table
 into a padded batch (sequences grouped by length so that one long context does not
 pad every other one), prefill loops over sequences and sends its length-1 chunks
 (decodes in a mixed batch) through the batched decode path. Math is in fp32; the
