@@ -275,7 +275,11 @@ def _workspace(name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.T
     numel = math.prod(shape)
     buf = _WORKSPACES.get(key)
     if buf is None or buf.numel() < numel:
-        buf = _WORKSPACES[key] = torch.empty(numel, dtype=like.dtype, device=like.device)
+        # A normal tensor, even when first needed under inference mode: an inference
+        # tensor could not be written into by a later call outside it.
+        with torch.inference_mode(False):
+            buf = torch.empty(numel, dtype=like.dtype, device=like.device)
+        _WORKSPACES[key] = buf
     return buf[:numel].view(shape)
 
 

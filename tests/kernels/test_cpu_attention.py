@@ -107,3 +107,15 @@ def test_a_plan_is_reused_only_for_the_same_batch():
     out = cpu_attention.paged_attention_decode(query, *args)
     assert cpu_attention._last_plan is not plan
     assert_close(out, expected, torch.float32)
+
+
+def test_buffers_first_made_under_inference_mode_serve_calls_outside_it():
+    # The engine runs under inference mode; tests and tools call the kernels outside it.
+    cpu_attention._WORKSPACES.clear()
+    g = torch.Generator().manual_seed(9)
+    case = make_case([30, 70], 2, 64, 16, torch.float32, g)
+    query, expected = decode_inputs(case, 4, g)
+    args = (case.key_cache, case.value_cache, case.block_tables, case.seq_lens, 0.125)
+    with torch.inference_mode():
+        assert_close(cpu_attention.paged_attention_decode(query, *args), expected, torch.float32)
+    assert_close(cpu_attention.paged_attention_decode(query, *args), expected, torch.float32)

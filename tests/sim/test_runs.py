@@ -93,8 +93,9 @@ def test_policies_change_the_outcome_under_load(tmp_path):
 
 def test_a_run_that_falls_behind_its_trace_says_so(tmp_path, capsys):
     """The backlog when the last request arrives: as the step log's queue shows it,
-    a third of the trace when it arrives at seven times what the engine serves, none at 2 req/s."""
-    over = run(tmp_path, "trace.num_requests=300", "trace.rate=40", name="over")
+    over a quarter of the trace (half, with the committed CPU profile) when it arrives at
+    twelve times what the engine serves, none at 2 req/s."""
+    over = run(tmp_path, "trace.num_requests=300", "trace.rate=80", name="over")
     steps = pd.read_csv(tmp_path / "over" / "steps.csv")
     reqs = pd.read_csv(tmp_path / "over" / "requests.csv")
     # Those waiting then are still waiting after the next step, or were scheduled in it.
@@ -102,7 +103,7 @@ def test_a_run_that_falls_behind_its_trace_says_so(tmp_path, capsys):
     waiting = over["waiting_at_last_arrival"]
     assert over["overloaded"] and waiting > 75 and over["finished_per_arrival"] < 0.5
     assert after["num_waiting"] <= waiting <= after["num_waiting"] + after["num_reqs"]
-    assert over["offered_req_s"] == pytest.approx(40, rel=0.2)
+    assert over["offered_req_s"] == pytest.approx(80, rel=0.2)
     assert over["offered_req_s"] > 3 * over["throughput_req_s"]
     assert "OVERLOADED: " in capsys.readouterr().out
     steady = run(tmp_path, "trace.num_requests=60", name="steady")
