@@ -2,10 +2,11 @@
 forward pass, LM head + sampling, batch preparation, and the control plane.
 
 ``StepBreakdown(llm)`` instruments an ``LLM`` for the runs inside its ``with``
-block: the attention backend behind a timing proxy, forward hooks on the decoder's
-linear layers, and the engine's ``step`` wrapped to read each step's kind and the
-executor's own part timings. On a CPU every op is synchronous, so wall-clock
-intervals are the ops' costs. The hooks cost about a microsecond per linear call,
+block: the attention backend behind the profiler's ``TimedBackend``, forward
+hooks on the decoder's linear layers, and the engine's ``step`` wrapped to read
+each step's kind and the executor's own part timings. For CPUs: there every op
+is synchronous, so wall-clock intervals are the ops' costs (on a GPU the
+backend's syncs would slow the run it times). The hooks cost about a microsecond per linear call,
 which the shares include.
 """
 
@@ -13,9 +14,10 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from types import SimpleNamespace
 
 from torch import nn
+
+from testbed.profiling.measure import TimedBackend
 
 PARTS = ("attention", "linear", "other_forward", "lm_head_sampling", "prepare", "control_plane")
 KINDS = ("decode", "prefill", "mixed")
@@ -34,13 +36,12 @@ class StepBreakdown:
         self.llm = llm
         self.seconds = {k: defaultdict(float) for k in KINDS}
         self.steps = defaultdict(int)
-        self._attention = 0.0
         self._linear = 0.0
 
     def __enter__(self) -> StepBreakdown:
         executor, engine = self.llm.executor, self.llm.engine
         self._backend, self._step = executor.backend, engine.step
-        executor.backend = self._timed_backend(executor.backend)
+        executor.backend = self._timed = TimedBackend(executor.backend, executor.device)
         self._hooks = []
         for module in executor.model.model.layers.modules():
             if isinstance(module, nn.Linear):
@@ -54,22 +55,6 @@ class StepBreakdown:
         for h in self._hooks:
             h.remove()
 
-    def _timed_backend(self, backend):
-        def timed(fn):
-            def call(*args, **kwargs):
-                t0 = time.perf_counter()
-                try:
-                    return fn(*args, **kwargs)
-                finally:
-                    self._attention += time.perf_counter() - t0
-
-            return call
-
-        names = ("reshape_and_cache", "paged_attention_decode", "paged_attention_prefill")
-        proxy = SimpleNamespace(**{n: timed(getattr(backend, n)) for n in names})
-        proxy.__name__ = getattr(backend, "__name__", type(backend).__name__)
-        return proxy
-
     def _linear_start(self, module, args) -> None:
         module._t0 = time.perf_counter()
 
@@ -77,7 +62,7 @@ class StepBreakdown:
         self._linear += time.perf_counter() - module._t0
 
     def _timed_step(self):
-        self._attention = self._linear = 0.0
+        self._timed.seconds = self._linear = 0.0
         t0 = time.perf_counter()
         result = self._step()
         total = time.perf_counter() - t0
@@ -87,9 +72,10 @@ class StepBreakdown:
         parts = self.llm.executor.last_timings
         executor_s = sum(parts.values())
         s = self.seconds[kind]
-        s["attention"] += self._attention
+        attention = self._timed.seconds
+        s["attention"] += attention
         s["linear"] += self._linear
-        s["other_forward"] += parts["forward"] - self._attention - self._linear
+        s["other_forward"] += parts["forward"] - attention - self._linear
         s["lm_head_sampling"] += parts["sample"] + parts.get("propose", 0.0)
         s["prepare"] += parts["prepare"]
         s["control_plane"] += total - executor_s

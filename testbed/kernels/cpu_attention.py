@@ -137,7 +137,7 @@ class Group(NamedTuple):
     zero: torch.Tensor | None  # long: gathered key slots to zero (None: none)
     q_rows: torch.Tensor  # long [items * q_max]: query rows (padding repeats a live row)
     out_rows: torch.Tensor  # long: rows of the output the live results go to
-    live: torch.Tensor | None  # bool [items, q_max] (None: decode, all live)
+    live: torch.Tensor  # bool [items, q_max]: rows that are an item's, not padding
     mask: torch.Tensor | None  # bool, broadcast over heads (None: causal, or unmasked)
     q_max: int
     causal: bool
@@ -202,8 +202,9 @@ def _groups(items: list[Item], block_size: int, bytes_per_key: int):
         yield group
 
 
-def _round_up(n: int, block_size: int) -> int:
-    return -(-n // block_size) * block_size
+def _round_up(n, block_size: int):
+    """``n`` (a number or a tensor of them) rounded up to whole blocks, in tokens."""
+    return (n + block_size - 1) // block_size * block_size
 
 
 def _group(group: list[Item], block_tables, block_size: int, dev) -> Group:
@@ -211,60 +212,42 @@ def _group(group: list[Item], block_tables, block_size: int, dev) -> Group:
     first = torch.tensor([it.row for it in group], device=dev)
     rows = torch.tensor([it.rows for it in group], device=dev)
     keys = torch.tensor([it.keys for it in group], device=dev)
-    b, q_max = len(group), group[0].rows
-    num_blocks = -(-max(it.keys for it in group) // block_size)
-    width = num_blocks * block_size
+    b, q_max, causal = len(group), group[0].rows, group[0].causal
+    width = _round_up(max(it.keys for it in group), block_size)
+    num_blocks = width // block_size
     table = block_tables[torch.tensor([it.seq for it in group], device=dev), :num_blocks].long()
     # Blocks past an item's last may be anything in the table: read its first instead,
     # which is finite where full, and zero what is not (see the module's docstring).
-    used = (
-        torch.arange(num_blocks, device=dev)[None, :]
-        < (keys[:, None] + block_size - 1) // block_size
-    )
-    table = torch.where(used, table, table[:, :1]).reshape(-1)
     pos = torch.arange(width, device=dev)
+    used = pos[None, ::block_size] < keys[:, None]  # [b, num_blocks]
+    table = torch.where(used, table, table[:, :1]).reshape(-1)
     past_end = pos[None, :] >= keys[:, None]  # [b, width]
     stale = past_end & (
-        (pos[None, :] < _round_up_t(keys, block_size)[:, None]) | (keys < block_size)[:, None]
+        (pos[None, :] < _round_up(keys, block_size)[:, None]) | (keys < block_size)[:, None]
     )
     zero = stale.view(-1).nonzero().view(-1)
-    if q_max == 1:
-        return Group(
-            table,
-            b,
-            num_blocks,
-            zero if zero.numel() else None,
-            first,
-            first,
-            None,
-            (~past_end)[:, None, None, :],
-            1,
-            False,
-        )
     j = torch.arange(q_max, device=dev)
     live = j[None, :] < rows[:, None]  # [b, q_max]
-    q_rows = torch.where(live, first[:, None] + j[None, :], first[:, None])
-    causal = group[0].causal
-    # Row j of an item sees keys <= keys - rows + j; causal items need no mask (a live
-    # row j sees keys <= j, never the padding).
-    last_seen = (keys - rows)[:, None] + j[None, :]
-    mask = None if causal else (pos[None, None, :] <= last_seen[:, :, None])[:, None]
+    q_rows = torch.where(live, first[:, None] + j[None, :], first[:, None])  # pad: row 0 again
+    if q_max == 1:  # decodes: every row live, only the padding masked
+        mask = (~past_end)[:, None, None, :]
+    elif causal:  # a live row j sees keys <= j, never the padding: no mask
+        mask = None
+    else:  # row j of an item sees keys <= keys - rows + j
+        last_seen = (keys - rows)[:, None] + j[None, :]
+        mask = (pos[None, None, :] <= last_seen[:, :, None])[:, None]
     return Group(
-        table,
-        b,
-        num_blocks,
-        zero if zero.numel() else None,
-        q_rows.reshape(-1),
-        q_rows[live],
-        live,
-        mask,
-        q_max,
-        causal,
+        blocks=table,
+        num_items=b,
+        num_blocks=num_blocks,
+        zero=zero if zero.numel() else None,
+        q_rows=q_rows.reshape(-1),
+        out_rows=q_rows[live],
+        live=live,
+        mask=mask,
+        q_max=q_max,
+        causal=causal,
     )
-
-
-def _round_up_t(n: torch.Tensor, block_size: int) -> torch.Tensor:
-    return (n + block_size - 1) // block_size * block_size
 
 
 def _workspace(name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
