@@ -37,6 +37,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from testbed.kernels import cpu_native
 from testbed.kernels.torch_attention import reshape_and_cache
 
 __all__ = ["paged_attention_decode", "paged_attention_prefill", "reshape_and_cache"]
@@ -49,6 +50,11 @@ CALL_COST = 4096  # ... plus about one call's fixed cost, in (query row x key) u
 # it, zeroing its padding): a decode's key is dominated by the copy, a long
 # prefill chunk's by the arithmetic.
 KEY_COST_ROWS = 4
+# Items of at most this many query rows go to the C++ kernel where it is built
+# (``cpu_native``): it reads K/V through the block table, with no copy and no
+# padding; longer ones (prompts, chunks) to torch's fused attention, whose matrix
+# products win once the rows are many.
+NATIVE_ROWS = 64
 
 _WORKSPACES: dict[tuple, torch.Tensor] = {}  # (name, dtype, device) -> flat buffer
 
@@ -70,7 +76,7 @@ def paged_attention_decode(
         return [Item(i, 1, n, i) for i, n in enumerate(context_lens.tolist()) if n > 0]
 
     plan = _plan((block_tables, context_lens), query, key_cache, items)
-    return _run(plan, query, key_cache, value_cache, scale)
+    return _run(plan, query, key_cache, value_cache, block_tables, scale)
 
 
 def paged_attention_prefill(
@@ -106,7 +112,7 @@ def paged_attention_prefill(
         return out
 
     plan = _plan((block_tables, query_start_loc, seq_lens), query, key_cache, items)
-    return _run(plan, query, key_cache, value_cache, scale)
+    return _run(plan, query, key_cache, value_cache, block_tables, scale)
 
 
 class Item(NamedTuple):
@@ -145,6 +151,7 @@ class Group(NamedTuple):
 
 class Plan(NamedTuple):
     groups: list[Group]
+    native: torch.Tensor | None  # int64 [n, 4]: the C++ kernel's items (row, rows, keys, seq)
     covered: bool  # every query row is in some item (else the rest are zeros)
 
 
@@ -162,11 +169,20 @@ def _plan(meta: tuple[torch.Tensor, ...], query, key_cache, items) -> Plan:
         tuple(query.shape),
         tuple(key_cache.shape),
         key_cache.device,
+        query.dtype,
+        key_cache.dtype,
+        cpu_native.enabled(),
     )
     if _last_plan is not None and _last_plan[0] == key:
         return _last_plan[1]
     block_tables = meta[0]
     its = items()
+    native = None
+    if _native_kernel(query, key_cache) is not None:
+        short = [it for it in its if it.rows <= NATIVE_ROWS]
+        its = [it for it in its if it.rows > NATIVE_ROWS]
+        if short:
+            native = torch.tensor(short, dtype=torch.int64).reshape(-1, 4)
     block_size = key_cache.shape[1]
     bytes_per_key = 2 * key_cache.shape[2] * key_cache.shape[3] * 4
     groups = [
@@ -174,9 +190,19 @@ def _plan(meta: tuple[torch.Tensor, ...], query, key_cache, items) -> Plan:
         for causal in (True, False)
         for grp in _groups([it for it in its if it.causal == causal], block_size, bytes_per_key)
     ]
-    plan = Plan(groups, sum(it.rows for it in its) == len(query))
+    rows = sum(it.rows for it in its) + (int(native[:, 1].sum()) if native is not None else 0)
+    plan = Plan(groups, native, rows == len(query))
     _last_plan = (key, plan)
     return plan
+
+
+def _native_kernel(query: torch.Tensor, key_cache: torch.Tensor):
+    """The C++ kernel where it applies (float32 CPU tensors) and is built, else None."""
+    if query.device.type != "cpu" or query.dtype != torch.float32:
+        return None
+    if key_cache.dtype != torch.float32:
+        return None
+    return cpu_native.kernel()
 
 
 def _groups(items: list[Item], block_size: int, bytes_per_key: int):
@@ -266,11 +292,15 @@ def _workspace(name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.T
     return buf[:numel].view(shape)
 
 
-def _run(plan: Plan, query, key_cache, value_cache, scale) -> torch.Tensor:
+def _run(plan: Plan, query, key_cache, value_cache, block_tables, scale) -> torch.Tensor:
     out = torch.empty_like(query) if plan.covered else torch.zeros_like(query)
     block_size, kv_heads, head_dim = key_cache.shape[1:]
     num_heads = query.shape[1]
     group_size = num_heads // kv_heads
+    if plan.native is not None:
+        tables = block_tables if block_tables.dtype == torch.int32 else block_tables.int()
+        q = query if query.stride(-1) == 1 else query.contiguous()
+        cpu_native.kernel()(out, q, key_cache, value_cache, tables.contiguous(), plan.native, scale)
     for g in plan.groups:
         b, width = g.num_items, g.num_blocks * block_size
         shape = (b * g.num_blocks, block_size, kv_heads, head_dim)

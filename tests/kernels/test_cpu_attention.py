@@ -1,16 +1,39 @@
 """The CPU path (``cpu_attention``) against the reference on engine-shaped batches:
 many decodes of spread lengths, bursts of short prompts, chunks after prefixes,
-and groups split by their byte budget; and the property it exists for, that a
-batch of many sequences runs as a few attention calls."""
+and groups split by their byte budget, with and without its C++ kernel for short
+queries; and the properties each route exists for: on torch alone, a batch of many
+sequences runs as a few attention calls; with the kernel, every short query of a
+step runs in one call that reads no gathered copy."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from testbed.kernels import cpu_attention
+from testbed.kernels import cpu_attention, cpu_native
 from testbed.kernels import torch_attention as reference
 from tests.kernels.cases import assert_close, decode_inputs, make_case, prefill_inputs
+
+
+@pytest.fixture(params=["native", "torch"])
+def kernel(request, monkeypatch):
+    """The CPU path's route for short queries: its C++ kernel (skipped where it cannot
+    be built), or torch's fused attention on gathered blocks."""
+    monkeypatch.setenv("TESTBED_CPU_KERNEL", request.param)
+    if request.param == "native" and cpu_native.kernel() is None:
+        pytest.skip(cpu_native.unavailable_reason())
+    return request.param
+
+
+@pytest.fixture
+def torch_path(monkeypatch):
+    monkeypatch.setenv("TESTBED_CPU_KERNEL", "torch")
+
+
+@pytest.fixture
+def native():
+    if cpu_native.kernel() is None:
+        pytest.skip(cpu_native.unavailable_reason())
 
 
 def _calls(monkeypatch) -> list[tuple[int, ...]]:
@@ -27,7 +50,7 @@ def _calls(monkeypatch) -> list[tuple[int, ...]]:
 
 
 @pytest.mark.parametrize("group_bytes", [None, 64 * 1024])
-def test_decode_batch_of_spread_lengths_equals_the_reference(monkeypatch, group_bytes):
+def test_decode_batch_of_spread_lengths_equals_the_reference(monkeypatch, group_bytes, kernel):
     if group_bytes is not None:  # many small groups: each still must see only its own keys
         monkeypatch.setattr(cpu_attention, "GROUP_BYTES", group_bytes)
     g = torch.Generator().manual_seed(7)
@@ -40,7 +63,7 @@ def test_decode_batch_of_spread_lengths_equals_the_reference(monkeypatch, group_
     assert_close(out, reference.paged_attention_decode(query, *args), torch.float32)
 
 
-def test_a_burst_of_short_prompts_is_a_few_calls(monkeypatch):
+def test_a_burst_of_short_prompts_is_a_few_calls(monkeypatch, torch_path):
     g = torch.Generator().manual_seed(1)
     lens = torch.randint(10, 80, (45,), generator=g).tolist()
     case = make_case(lens, 4, 64, 16, torch.float32, g)
@@ -55,7 +78,7 @@ def test_a_burst_of_short_prompts_is_a_few_calls(monkeypatch):
     assert sum(b for b, *_ in calls) == 45  # each prompt in exactly one call
 
 
-def test_mixed_step_with_long_chunks_after_prefixes_equals_the_reference():
+def test_mixed_step_with_long_chunks_after_prefixes_equals_the_reference(kernel):
     """Decodes, whole prompts, and chunks longer than ROW_CHUNK after a cached prefix,
     in one batch (what a chunked-prefill step schedules)."""
     g = torch.Generator().manual_seed(3)
@@ -84,7 +107,7 @@ def test_groups_bound_their_padding_and_bytes():
     assert len(groups) < len(items) / 4
 
 
-def test_a_plan_is_reused_only_for_the_same_batch():
+def test_a_plan_is_reused_only_for_the_same_batch(kernel):
     """Layers of a step share one plan; a table changed in place (same tensor object)
     or new lengths get a new one, not the last call's."""
     g = torch.Generator().manual_seed(5)
@@ -109,7 +132,7 @@ def test_a_plan_is_reused_only_for_the_same_batch():
     assert_close(out, expected, torch.float32)
 
 
-def test_buffers_first_made_under_inference_mode_serve_calls_outside_it():
+def test_buffers_first_made_under_inference_mode_serve_calls_outside_it(torch_path):
     # The engine runs under inference mode; tests and tools call the kernels outside it.
     cpu_attention._WORKSPACES.clear()
     g = torch.Generator().manual_seed(9)
@@ -119,3 +142,67 @@ def test_buffers_first_made_under_inference_mode_serve_calls_outside_it():
     with torch.inference_mode():
         assert_close(cpu_attention.paged_attention_decode(query, *args), expected, torch.float32)
     assert_close(cpu_attention.paged_attention_decode(query, *args), expected, torch.float32)
+
+
+def test_every_short_query_of_a_step_is_one_kernel_call(monkeypatch, native):
+    """Decodes, verifications (a token and its drafts after a context) and short
+    prompts: one call of the C++ kernel, no fused attention call and no gathered
+    copy; a long prompt still goes to torch's fused attention."""
+    g = torch.Generator().manual_seed(11)
+    seq_lens = [300, 41, 517, 12, 64, 300, 5, 33]
+    q_lens = [1, 4, 4, 12, 64, 300, 5, 1]  # decode, verifications, prompts, one long
+    case = make_case(seq_lens, 2, 64, 16, torch.float32, g, unused="poison")
+    query, starts, expected = prefill_inputs(case, q_lens, 8, g)
+    args = (case.key_cache, case.value_cache, case.block_tables, starts, case.seq_lens, 0.125)
+    calls = _calls(monkeypatch)
+    kernel_calls = []
+    run = cpu_native.kernel()
+    monkeypatch.setattr(cpu_native, "kernel", lambda: lambda *a: kernel_calls.append(a) or run(*a))
+    out = cpu_attention.paged_attention_prefill(query, *args)
+    assert_close(out, expected, torch.float32)
+    assert len(kernel_calls) == 1
+    assert kernel_calls[0][5][:, 1].tolist() == [q for q in q_lens if q <= cpu_attention.NATIVE_ROWS]
+    assert [c[0] for c in calls] == [1]  # the 300-row prompt, alone
+
+
+@pytest.mark.parametrize("head_dim", [8, 12, 64, 128])
+@pytest.mark.parametrize("block_size", [1, 5, 16])
+@pytest.mark.parametrize("group", [1, 4])
+def test_the_kernel_on_any_head_dim_block_size_and_group(head_dim, block_size, group, native):
+    """Head dims the vector code takes (multiples of 8) and one it does not (12),
+    blocks shorter than its 8-key steps, and grouped-query ratios."""
+    g = torch.Generator().manual_seed(head_dim * 100 + block_size * 10 + group)
+    seq_lens = [1, 7, 8, 9, 33, 130]
+    q_lens = [1, 7, 2, 1, 3, 1]
+    case = make_case(seq_lens, 2, head_dim, block_size, torch.float32, g, unused="poison")
+    query, starts, expected = prefill_inputs(case, q_lens, 2 * group, g)
+    out = cpu_attention.paged_attention_prefill(
+        query, case.key_cache, case.value_cache, case.block_tables, starts, case.seq_lens, head_dim**-0.5
+    )
+    assert_close(out, expected, torch.float32)
+
+
+def test_the_kernel_rejects_items_past_their_table(native):
+    g = torch.Generator().manual_seed(2)
+    case = make_case([20], 1, 64, 16, torch.float32, g)
+    query = torch.randn(1, 2, 64, generator=g)
+    items = torch.tensor([[0, 1, 16 * case.block_tables.shape[1] + 1, 0]])
+    with pytest.raises(RuntimeError, match="more keys than its block table holds"):
+        cpu_native.kernel()(
+            torch.empty_like(query), query, case.key_cache, case.value_cache,
+            case.block_tables, items, 0.125,
+        )
+
+
+def test_without_a_compiler_the_path_runs_on_torch(monkeypatch):
+    """Where the kernel cannot be built, short queries go to torch's fused attention."""
+    monkeypatch.setattr(cpu_native, "kernel", lambda: None)
+    g = torch.Generator().manual_seed(4)
+    case = make_case([50, 3, 200], 2, 64, 16, torch.float32, g)
+    query, expected = decode_inputs(case, 4, g)
+    calls = _calls(monkeypatch)
+    out = cpu_attention.paged_attention_decode(
+        query, case.key_cache, case.value_cache, case.block_tables, case.seq_lens, 0.125
+    )
+    assert_close(out, expected, torch.float32)
+    assert calls

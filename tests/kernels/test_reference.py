@@ -4,12 +4,15 @@ test run on both."""
 
 from __future__ import annotations
 
+import os
+from unittest import mock
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from testbed.kernels import cpu_attention
+from testbed.kernels import cpu_attention, cpu_native
 from testbed.kernels import torch_attention as reference
 from tests.kernels.cases import (
     assert_close,
@@ -23,9 +26,17 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 GQA = [(4, 4), (4, 2), (8, 2), (6, 2)]  # (num_heads, num_kv_heads): ratios 1, 2, 4, 3
 
 
-@pytest.fixture(params=["reference", "cpu"])
-def attention(request):
-    return reference if request.param == "reference" else cpu_attention
+@pytest.fixture(params=["reference", "cpu", "cpu-torch"])
+def attention(request, monkeypatch):
+    """The reference, the CPU path with its C++ kernel for short queries (skipped
+    where it cannot be built), and the CPU path on torch alone."""
+    if request.param == "reference":
+        return reference
+    if request.param == "cpu-torch":
+        monkeypatch.setenv("TESTBED_CPU_KERNEL", "torch")
+    elif cpu_native.kernel() is None:
+        pytest.skip(cpu_native.unavailable_reason())
+    return cpu_attention
 
 
 def ragged_lens(block_size: int, generator: torch.Generator) -> list[int]:
@@ -177,7 +188,7 @@ def test_prefill_rejects_more_queries_than_tokens(attention):
         )
 
 
-@pytest.mark.parametrize("attention", [reference, cpu_attention], ids=["reference", "cpu"])
+@pytest.mark.parametrize("path", ["reference", "cpu", "cpu-torch"])
 @settings(max_examples=40, deadline=None)
 @given(
     block_size=st.integers(1, 9),
@@ -185,16 +196,19 @@ def test_prefill_rejects_more_queries_than_tokens(attention):
     seqs=st.lists(st.tuples(st.integers(1, 30), st.integers(0, 30)), min_size=1, max_size=4),
     seed=st.integers(0, 2**16),
 )
-def test_prefill_any_block_size(attention, block_size, group, seqs, seed):
+def test_prefill_any_block_size(path, block_size, group, seqs, seed):
     """Any block size (not only powers of two), any chunk of any length."""
+    attention = reference if path == "reference" else cpu_attention
     seq_lens = [n for n, _ in seqs]
     q_lens = [min(n, q) for n, q in seqs]
     g = torch.Generator().manual_seed(seed)
     case = make_case(seq_lens, 2, 64, block_size, torch.float32, g)
     query, starts, expected = prefill_inputs(case, q_lens, 2 * group, g)
-    out = attention.paged_attention_prefill(
-        query, case.key_cache, case.value_cache, case.block_tables, starts, case.seq_lens, 0.125
-    )
+    kernel = "torch" if path == "cpu-torch" else "native"
+    with mock.patch.dict(os.environ, {"TESTBED_CPU_KERNEL": kernel}):
+        out = attention.paged_attention_prefill(
+            query, case.key_cache, case.value_cache, case.block_tables, starts, case.seq_lens, 0.125
+        )
     assert_close(out, expected, torch.float32)
 
 

@@ -1,0 +1,71 @@
+"""The C++ paged-attention kernel for short queries on a CPU
+(``cpu_paged_attention.cpp``), compiled on first use and loaded as a torch op.
+
+It reads K/V through the block table (no gathered copy, no padding) for every
+query of a few rows in one call: decodes, speculative verifications, short
+prompts. The first use on a machine compiles it (about 10 s; torch caches the
+build under ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``,
+and rebuilds when the source changes). Where it cannot be built (no C++ compiler
+or ninja), :func:`kernel` returns None and says why once, and
+``testbed.kernels.cpu_attention`` runs those queries through its torch path.
+``TESTBED_CPU_KERNEL=torch`` turns it off.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("cpu_paged_attention.cpp")
+NAME = "testbed_cpu"  # the extension's and the op namespace's name
+
+_reason: str | None = None  # why the kernel is not available (None: it is, or not tried)
+
+
+def enabled() -> bool:
+    """Whether the kernel may be used (``TESTBED_CPU_KERNEL`` is not ``torch``)."""
+    return os.environ.get("TESTBED_CPU_KERNEL", "native").strip().lower() != "torch"
+
+
+@functools.cache
+def _build() -> Callable | None:
+    global _reason
+    from torch.utils import cpp_extension
+
+    try:
+        cpp_extension.load(
+            name=NAME,
+            sources=[str(SOURCE)],
+            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],  # the libgomp torch loaded: its threads
+            is_python_module=False,
+            verbose=False,
+        )
+    except (OSError, RuntimeError, ImportError, cpp_extension.CalledProcessError) as err:
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        _reason = f"the C++ CPU attention kernel could not be built ({first_line})"
+        warnings.warn(
+            f"{_reason}; running short queries through the torch path instead",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
+    return torch.ops.testbed_cpu.paged_attention_rows
+
+
+def kernel() -> Callable | None:
+    """``paged_attention_rows(out, query, key_cache, value_cache, block_tables,
+    items, scale)``, or None where it is turned off or cannot be built."""
+    return _build() if enabled() else None
+
+
+def unavailable_reason() -> str | None:
+    """Why :func:`kernel` returns None (None where it does not, or has not been asked)."""
+    if not enabled():
+        return "turned off (TESTBED_CPU_KERNEL=torch)"
+    return _reason

@@ -1,0 +1,356 @@
+// Paged attention for a CPU that reads K/V straight through the block table:
+// no gathered copy, no padding, one call for every short query of a step.
+//
+// An item is query rows `row .. row + rows` of sequence `seq`, whose row j sits at
+// position `keys - rows + j` and sees the keys up to it (a decode: rows = 1; a
+// speculative verification: its token and drafts; a short prompt: rows = keys).
+// A work unit is one item and one KV head: the item's rows of that head's query
+// heads (grouped-query attention reads each K/V row once for all of them) run an
+// online softmax over the item's blocks, block by block. Units run on torch's
+// intra-op threads (at::parallel_for), so torch.set_num_threads holds.
+//
+// float32 only; query and out need their last dimension contiguous, the caches
+// to be contiguous. Rows not in any item are left as they are.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+// ---- Portable versions (any head_dim, any ISA) ----
+
+// exp(x) for x <= 0 (scores less their maximum): 2^n times a degree-6 polynomial
+// of the remainder (Cephes' expf, relative error about 1e-7); below -87 it gives
+// about 1e-38 rather than 0.
+inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.0f);
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float two_n;
+  std::memcpy(&two_n, &bits, sizeof two_n);
+  return y * two_n;
+}
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  float s[8] = {};
+  int64_t d = 0;
+  for (; d + 8 <= n; d += 8) {
+    for (int l = 0; l < 8; ++l) s[l] += a[d + l] * b[d + l];
+  }
+  float t = ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+  for (; d < n; ++d) t += a[d] * b[d];
+  return t;
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+
+// ---- AVX2 + FMA versions, for head_dim a multiple of 8 ----
+
+inline float hsum(__m256 v) {
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_add_ss(x, _mm_movehdup_ps(x));
+  return _mm_cvtss_f32(x);
+}
+
+inline __m256 exp8(__m256 x) {  // exp_nonpositive, 8 lanes
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_floor_ps(
+      _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+// s[0..8) = q . k_t for 8 keys `stride` apart: one accumulator per key, then the
+// eight reduced together (a transpose by pairwise adds).
+inline void scores8(const float* q, const float* k, int64_t stride, int64_t n, float* s) {
+  __m256 a[8];
+  for (int i = 0; i < 8; ++i) a[i] = _mm256_setzero_ps();
+  for (int64_t d = 0; d < n; d += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + d);
+    for (int i = 0; i < 8; ++i) a[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + i * stride + d), a[i]);
+  }
+  const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  const __m256 lo = _mm256_permute2f128_ps(t0, t1, 0x20);
+  const __m256 hi = _mm256_permute2f128_ps(t0, t1, 0x31);
+  _mm256_storeu_ps(s, _mm256_add_ps(lo, hi));
+}
+
+inline float dot8(const float* q, const float* k, int64_t n) {
+  __m256 a = _mm256_setzero_ps();
+  for (int64_t d = 0; d < n; d += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), a);
+  return hsum(a);
+}
+
+// acc[0..8R) += sum_t p[t] * v_t[0..8R), the accumulators in R registers.
+template <int R>
+inline void accumulate_regs(float* acc, const float* p, const float* v, int64_t count,
+                            int64_t stride) {
+  __m256 a[R];
+  for (int i = 0; i < R; ++i) a[i] = _mm256_loadu_ps(acc + 8 * i);
+  for (int64_t t = 0; t < count; ++t) {
+    const __m256 pt = _mm256_broadcast_ss(p + t);
+    const float* vt = v + t * stride;
+    for (int i = 0; i < R; ++i) a[i] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(vt + 8 * i), a[i]);
+  }
+  for (int i = 0; i < R; ++i) _mm256_storeu_ps(acc + 8 * i, a[i]);
+}
+
+#endif
+
+// s[t] = q . k_t for the `count` keys `stride` apart from `k`.
+inline void scores(const float* q, const float* k, int64_t stride, int64_t count, int64_t n,
+                   float* s) {
+  int64_t t = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  if (n % 8 == 0) {
+    for (; t + 8 <= count; t += 8) scores8(q, k + t * stride, stride, n, s + t);
+    for (; t < count; ++t) s[t] = dot8(q, k + t * stride, n);
+    return;
+  }
+#endif
+  for (; t < count; ++t) s[t] = dot(q, k + t * stride, n);
+}
+
+// x[t] = exp(x[t] - max x) for t < count; returns their sum.
+inline float softmax_unnormalized(float* x, int64_t count) {
+  float mx = -std::numeric_limits<float>::infinity();
+  float sum = 0.f;
+  int64_t t = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  __m256 m8 = _mm256_set1_ps(mx);
+  for (; t + 8 <= count; t += 8) m8 = _mm256_max_ps(m8, _mm256_loadu_ps(x + t));
+  float lanes[8];
+  _mm256_storeu_ps(lanes, m8);
+  for (float v : lanes) mx = std::max(mx, v);
+  for (; t < count; ++t) mx = std::max(mx, x[t]);
+  const __m256 mv = _mm256_set1_ps(mx);
+  __m256 s8 = _mm256_setzero_ps();
+  for (t = 0; t + 8 <= count; t += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + t), mv));
+    _mm256_storeu_ps(x + t, e);
+    s8 = _mm256_add_ps(s8, e);
+  }
+  sum = hsum(s8);
+#else
+  for (; t < count; ++t) mx = std::max(mx, x[t]);
+  t = 0;
+#endif
+  for (; t < count; ++t) {
+    x[t] = exp_nonpositive(x[t] - mx);
+    sum += x[t];
+  }
+  return sum;
+}
+
+// acc[0..n) += sum_t p[t] * v_t for the `count` value rows `stride` apart from `v`.
+inline void accumulate(float* acc, const float* p, const float* v, int64_t count, int64_t stride,
+                       int64_t n) {
+  int64_t d = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  if (n % 8 == 0) {
+    for (; d + 64 <= n; d += 64) accumulate_regs<8>(acc + d, p, v + d, count, stride);
+    switch ((n - d) / 8) {
+      case 1: accumulate_regs<1>(acc + d, p, v + d, count, stride); break;
+      case 2: accumulate_regs<2>(acc + d, p, v + d, count, stride); break;
+      case 3: accumulate_regs<3>(acc + d, p, v + d, count, stride); break;
+      case 4: accumulate_regs<4>(acc + d, p, v + d, count, stride); break;
+      case 5: accumulate_regs<5>(acc + d, p, v + d, count, stride); break;
+      case 6: accumulate_regs<6>(acc + d, p, v + d, count, stride); break;
+      case 7: accumulate_regs<7>(acc + d, p, v + d, count, stride); break;
+      default: break;
+    }
+    return;
+  }
+#endif
+  for (int64_t t = 0; t < count; ++t) {
+    const float pt = p[t];
+    const float* vt = v + t * stride;
+    for (int64_t i = d; i < n; ++i) acc[i] += pt * vt[i];
+  }
+}
+
+// Asks for the next block's rows of this head while the current one is worked on:
+// the block table makes its address one the hardware prefetcher cannot guess.
+inline void prefetch_rows(const float* first, int64_t rows, int64_t stride, int64_t n) {
+#if defined(__AVX2__) && defined(__FMA__)
+  for (int64_t t = 0; t < rows; ++t) {
+    const char* row = reinterpret_cast<const char*>(first + t * stride);
+    for (int64_t byte = 0; byte < n * 4; byte += 64) _mm_prefetch(row + byte, _MM_HINT_T0);
+  }
+#else
+  (void)first, (void)rows, (void)stride, (void)n;
+#endif
+}
+
+struct Shapes {
+  int64_t heads, head_dim, block_size, kv_heads, group;
+  int64_t qs0, qs1, os0, os1, key_stride, block_stride, bt_stride;
+};
+
+struct Scratch {
+  std::vector<float> q, s, acc, inv;
+  std::vector<int64_t> seen;
+};
+
+// One unit: item `it`'s rows of KV head `h`'s query heads. Three passes over the
+// item's blocks: scores (each K block read once for all query vectors, from cache
+// after the first), softmax per vector, then the weighted sum of V rows.
+void attend_unit(const int64_t* it, int64_t h, const Shapes& sh, float scale, const float* q_base,
+                 float* o_base, const float* k_base, const float* v_base, const int32_t* tables,
+                 Scratch& w) {
+  const int64_t hd = sh.head_dim, group = sh.group, bs = sh.block_size;
+  const int64_t row0 = it[0], rows = it[1], keys = it[2];
+  const int32_t* table = tables + it[3] * sh.bt_stride;
+  const int64_t n = rows * group;  // query vectors: row-major over (row, head of h)
+  const int64_t width = (keys + bs - 1) / bs * bs;
+  w.q.resize(n * hd);
+  w.s.resize(n * width);
+  w.acc.assign(n * hd, 0.f);
+  w.inv.resize(n);
+  w.seen.resize(n);
+  for (int64_t j = 0; j < rows; ++j) {
+    for (int64_t g = 0; g < group; ++g) {
+      const float* src = q_base + (row0 + j) * sh.qs0 + (h * group + g) * sh.qs1;
+      float* dst = w.q.data() + (j * group + g) * hd;
+      for (int64_t d = 0; d < hd; ++d) dst[d] = src[d] * scale;
+      w.seen[j * group + g] = keys - rows + j + 1;  // the keys this vector sees
+    }
+  }
+  for (int64_t b = 0, t0 = 0; t0 < keys; ++b, t0 += bs) {
+    const float* kb = k_base + static_cast<int64_t>(table[b]) * sh.block_stride + h * hd;
+    if (t0 + bs < keys) {
+      prefetch_rows(k_base + static_cast<int64_t>(table[b + 1]) * sh.block_stride + h * hd,
+                    std::min(bs, keys - t0 - bs), sh.key_stride, hd);
+    }
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t lim = std::min(bs, w.seen[r] - t0);
+      if (lim > 0) scores(w.q.data() + r * hd, kb, sh.key_stride, lim, hd, w.s.data() + r * width + t0);
+    }
+  }
+  for (int64_t r = 0; r < n; ++r) w.inv[r] = 1.f / softmax_unnormalized(w.s.data() + r * width, w.seen[r]);
+  for (int64_t b = 0, t0 = 0; t0 < keys; ++b, t0 += bs) {
+    const float* vb = v_base + static_cast<int64_t>(table[b]) * sh.block_stride + h * hd;
+    if (t0 + bs < keys) {
+      prefetch_rows(v_base + static_cast<int64_t>(table[b + 1]) * sh.block_stride + h * hd,
+                    std::min(bs, keys - t0 - bs), sh.key_stride, hd);
+    }
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t lim = std::min(bs, w.seen[r] - t0);
+      if (lim > 0) accumulate(w.acc.data() + r * hd, w.s.data() + r * width + t0, vb, lim, sh.key_stride, hd);
+    }
+  }
+  for (int64_t j = 0; j < rows; ++j) {
+    for (int64_t g = 0; g < group; ++g) {
+      const int64_t r = j * group + g;
+      const float* ar = w.acc.data() + r * hd;
+      float* dst = o_base + (row0 + j) * sh.os0 + (h * group + g) * sh.os1;
+      for (int64_t d = 0; d < hd; ++d) dst[d] = ar[d] * w.inv[r];
+    }
+  }
+}
+
+}  // namespace
+
+void paged_attention_rows(
+    at::Tensor out,
+    const at::Tensor& query,
+    const at::Tensor& key_cache,
+    const at::Tensor& value_cache,
+    const at::Tensor& block_tables,
+    const at::Tensor& items,
+    double scale) {
+  TORCH_CHECK(query.dim() == 3 && out.sizes() == query.sizes(), "query and out: [tokens, heads, head_dim]");
+  TORCH_CHECK(key_cache.dim() == 4 && value_cache.sizes() == key_cache.sizes(),
+              "caches: [blocks, block_size, kv_heads, head_dim]");
+  TORCH_CHECK(query.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat &&
+                  key_cache.scalar_type() == at::kFloat && value_cache.scalar_type() == at::kFloat,
+              "float32 tensors only");
+  TORCH_CHECK(query.stride(2) == 1 && out.stride(2) == 1, "query and out: contiguous head_dim");
+  TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous(), "caches: contiguous");
+  TORCH_CHECK(block_tables.scalar_type() == at::kInt && block_tables.dim() == 2 &&
+                  block_tables.stride(1) == 1,
+              "block_tables: int32 [seqs, blocks], contiguous rows");
+  TORCH_CHECK(items.scalar_type() == at::kLong && items.dim() == 2 && items.size(1) == 4 &&
+                  items.is_contiguous(),
+              "items: int64 [n, 4] (row, rows, keys, seq)");
+
+  Shapes sh;
+  sh.heads = query.size(1);
+  sh.head_dim = query.size(2);
+  sh.block_size = key_cache.size(1);
+  sh.kv_heads = key_cache.size(2);
+  TORCH_CHECK(key_cache.size(3) == sh.head_dim && sh.heads % sh.kv_heads == 0,
+              "head shapes disagree");
+  sh.group = sh.heads / sh.kv_heads;
+  sh.qs0 = query.stride(0);
+  sh.qs1 = query.stride(1);
+  sh.os0 = out.stride(0);
+  sh.os1 = out.stride(1);
+  sh.key_stride = sh.kv_heads * sh.head_dim;  // between tokens of a block
+  sh.block_stride = sh.block_size * sh.key_stride;
+  sh.bt_stride = block_tables.stride(0);
+  const int64_t num_items = items.size(0);
+  const int64_t* its = items.data_ptr<int64_t>();
+  for (int64_t i = 0; i < num_items; ++i) {
+    const int64_t* it = its + 4 * i;
+    TORCH_CHECK(it[1] >= 1 && it[1] <= it[2] && it[0] >= 0 && it[0] + it[1] <= query.size(0),
+                "item ", i, ": rows out of range");
+    TORCH_CHECK(it[3] >= 0 && it[3] < block_tables.size(0), "item ", i, ": no such sequence");
+    TORCH_CHECK((it[2] + sh.block_size - 1) / sh.block_size <= block_tables.size(1), "item ", i,
+                ": more keys than its block table holds");
+  }
+  const float* q_base = query.data_ptr<float>();
+  float* o_base = out.data_ptr<float>();
+  const float* k_base = key_cache.data_ptr<float>();
+  const float* v_base = value_cache.data_ptr<float>();
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  const float sc = static_cast<float>(scale);
+  const int64_t kv_heads = sh.kv_heads;
+  at::parallel_for(0, num_items * kv_heads, 1, [&](int64_t begin, int64_t end) {
+    Scratch w;
+    for (int64_t unit = begin; unit < end; ++unit) {
+      attend_unit(its + 4 * (unit / kv_heads), unit % kv_heads, sh, sc, q_base, o_base, k_base,
+                  v_base, tables, w);
+    }
+  });
+}
+
+TORCH_LIBRARY(testbed_cpu, m) {
+  m.def(
+      "paged_attention_rows(Tensor(a!) out, Tensor query, Tensor key_cache, Tensor value_cache, "
+      "Tensor block_tables, Tensor items, float scale) -> ()",
+      &paged_attention_rows);
+}
