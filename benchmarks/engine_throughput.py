@@ -13,8 +13,9 @@ engine runs: it pads prompts and keeps finished sequences in the batch until the
 longest is done; ``padding_bound`` is the work that padding alone adds to it
 (padded prompt + output positions over the asked ones), the speed-up a paged
 engine gets for free. Both count only the output tokens the workload asks for.
-Our engine runs with each ``--backends`` attention path (default: the torch
-reference, then the CPU path) and reports where its step time goes
+Our engine runs with each ``--backends`` attention path (default on a CPU: the
+torch reference, the CPU path on torch alone (``cpu-torch``), and the CPU path
+with its C++ kernel for short queries (``cpu``)) and reports where its step time goes
 (``benchmarks/step_breakdown.py``), over all steps and by kind.
 On CUDA the JSON also records the GPU, the weight bytes and the decode-roofline
 floor of the run (every decode step reads all weights once);
@@ -28,9 +29,12 @@ floor of the run (every decode step reads all weights once);
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import random
 import statistics
 import time
+from unittest import mock
 
 import torch
 from common import write_results
@@ -140,6 +144,13 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
+def kernel_route(backend: str):
+    """``cpu-torch``: the CPU path with its C++ kernel turned off; others as they are."""
+    if backend == "cpu-torch":
+        return mock.patch.dict(os.environ, {"TESTBED_CPU_KERNEL": "torch"})
+    return contextlib.nullcontext()
+
+
 def run_workload(
     name: str, backends: list[str], hf_batch: int | None, repeats: int, max_num_seqs: int = 64
 ) -> list[dict]:
@@ -154,7 +165,7 @@ def run_workload(
             spec["model"],
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=4096,
-            attention_backend=backend,
+            attention_backend=backend.removesuffix("-torch"),
         )
     llm = llms[backends[-1]]
     prompts, outputs = workload(
@@ -167,13 +178,14 @@ def run_workload(
     breakdowns = {}
     for _ in range(repeats):
         for backend in backends:
-            run_ours(llms[backend], prompts[:4], [8] * 4)  # warm-up
-            if llms[backend].executor.device.type == "cpu":
-                with StepBreakdown(llms[backend]) as breakdown:
+            with kernel_route(backend):
+                run_ours(llms[backend], prompts[:4], [8] * 4)  # warm-up
+                if llms[backend].executor.device.type == "cpu":
+                    with StepBreakdown(llms[backend]) as breakdown:
+                        times[backend].append(run_ours(llms[backend], prompts, outputs)[0])
+                    breakdowns.setdefault(backend, breakdown.summary())  # the first round's
+                else:
                     times[backend].append(run_ours(llms[backend], prompts, outputs)[0])
-                breakdowns.setdefault(backend, breakdown.summary())  # the first round's
-            else:
-                times[backend].append(run_ours(llms[backend], prompts, outputs)[0])
         times["hf"].append(run_hf(hf, prompts, outputs, batch))
     rows = [
         dict(
@@ -253,9 +265,9 @@ def main() -> None:
     ap.add_argument(
         "--backends",
         nargs="+",
-        default=["auto"] if torch.cuda.is_available() else ["torch", "cpu"],
+        default=["auto"] if torch.cuda.is_available() else ["torch", "cpu-torch", "cpu"],
         help="attention paths of our engine (default: triton on CUDA, else the torch "
-        "reference and the CPU path)",
+        "reference, the CPU path on torch alone, and the CPU path with its C++ kernel)",
     )
     ap.add_argument("--model", help="a custom workload on this conf/model (instead of --workloads)")
     ap.add_argument("--requests", type=int, default=64, help="(custom workload)")

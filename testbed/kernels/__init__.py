@@ -35,6 +35,7 @@ from testbed.kernels import cpu_attention, torch_attention
 
 __all__ = [
     "cpu_attention",
+    "describe",
     "paged_attention_decode",
     "paged_attention_prefill",
     "reshape_and_cache",
@@ -44,6 +45,12 @@ __all__ = [
 ]
 
 BACKENDS = ("auto", "triton", "cpu", "torch")
+
+
+def describe(backend: ModuleType) -> str:
+    """A backend module's name, and for the CPU path how it runs short queries."""
+    name = backend.__name__
+    return f"{name} ({cpu_attention.route()})" if backend is cpu_attention else name
 
 
 @functools.cache

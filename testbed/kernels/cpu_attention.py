@@ -196,6 +196,13 @@ def _plan(meta: tuple[torch.Tensor, ...], query, key_cache, items) -> Plan:
     return plan
 
 
+def route() -> str:
+    """How this path runs short queries here, for profile headers and reports."""
+    if cpu_native.kernel() is not None:
+        return f"C++ kernel for queries of <= {NATIVE_ROWS} rows"
+    return f"torch only: {cpu_native.unavailable_reason()}"
+
+
 def _native_kernel(query: torch.Tensor, key_cache: torch.Tensor):
     """The C++ kernel where it applies (float32 CPU tensors) and is built, else None."""
     if query.device.type != "cpu" or query.dtype != torch.float32:

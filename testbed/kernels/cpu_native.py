@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import os
+import subprocess
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -46,7 +47,7 @@ def _build() -> Callable | None:
             is_python_module=False,
             verbose=False,
         )
-    except (OSError, RuntimeError, ImportError, cpp_extension.CalledProcessError) as err:
+    except (OSError, RuntimeError, ImportError, subprocess.CalledProcessError) as err:
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         _reason = f"the C++ CPU attention kernel could not be built ({first_line})"
         warnings.warn(

@@ -9,6 +9,7 @@ import torch
 
 from testbed.engine.args import EngineArgs
 from testbed.engine.device import cpu_name, machine_name
+from testbed.kernels import describe
 from testbed.profiling.measure import SAMPLING
 
 
@@ -38,7 +39,7 @@ def profile_header(
         "block_size": args.block_size,
         "attention_backend": type(executor.backend).__name__
         if not hasattr(executor.backend, "__name__")
-        else executor.backend.__name__,
+        else describe(executor.backend),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "host": platform.node(),
         "python": platform.python_version(),
