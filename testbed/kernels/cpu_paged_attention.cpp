@@ -329,8 +329,13 @@ void paged_attention_rows(
     TORCH_CHECK(it[1] >= 1 && it[1] <= it[2] && it[0] >= 0 && it[0] + it[1] <= query.size(0),
                 "item ", i, ": rows out of range");
     TORCH_CHECK(it[3] >= 0 && it[3] < block_tables.size(0), "item ", i, ": no such sequence");
-    TORCH_CHECK((it[2] + sh.block_size - 1) / sh.block_size <= block_tables.size(1), "item ", i,
-                ": more keys than its block table holds");
+    const int64_t used = (it[2] + sh.block_size - 1) / sh.block_size;
+    TORCH_CHECK(used <= block_tables.size(1), "item ", i, ": more keys than its block table holds");
+    const int32_t* row = block_tables.data_ptr<int32_t>() + it[3] * sh.bt_stride;
+    for (int64_t b = 0; b < used; ++b) {
+      TORCH_CHECK(row[b] >= 0 && row[b] < key_cache.size(0), "item ", i, ": block ", row[b],
+                  " is not in the cache");
+    }
   }
   const float* q_base = query.data_ptr<float>();
   float* o_base = out.data_ptr<float>();

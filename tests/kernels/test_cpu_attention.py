@@ -149,8 +149,9 @@ def test_every_short_query_of_a_step_is_one_kernel_call(monkeypatch, native):
     prompts: one call of the C++ kernel, no fused attention call and no gathered
     copy; a long prompt still goes to torch's fused attention."""
     g = torch.Generator().manual_seed(11)
-    seq_lens = [300, 41, 517, 12, 64, 300, 5, 33]
-    q_lens = [1, 4, 4, 12, 64, 300, 5, 1]  # decode, verifications, prompts, one long
+    seq_lens = [300, 41, 517, 12, 64, 1100, 5, 33]
+    q_lens = [1, 4, 4, 12, 64, 1100, 5, 1]  # decode, verifications, prompts, one long
+    assert 1100 * 1100 > cpu_attention.NATIVE_PAIRS
     case = make_case(seq_lens, 2, 64, 16, torch.float32, g, unused="poison")
     query, starts, expected = prefill_inputs(case, q_lens, 8, g)
     args = (case.key_cache, case.value_cache, case.block_tables, starts, case.seq_lens, 0.125)
@@ -161,8 +162,8 @@ def test_every_short_query_of_a_step_is_one_kernel_call(monkeypatch, native):
     out = cpu_attention.paged_attention_prefill(query, *args)
     assert_close(out, expected, torch.float32)
     assert len(kernel_calls) == 1
-    assert kernel_calls[0][5][:, 1].tolist() == [q for q in q_lens if q <= cpu_attention.NATIVE_ROWS]
-    assert [c[0] for c in calls] == [1]  # the 300-row prompt, alone
+    assert kernel_calls[0][5][:, 1].tolist() == [q for q in q_lens if q < 1100]
+    assert [c[0] for c in calls] == [1]  # the long prompt, alone
 
 
 @pytest.mark.parametrize("head_dim", [8, 12, 64, 128])
@@ -206,3 +207,16 @@ def test_without_a_compiler_the_path_runs_on_torch(monkeypatch):
     )
     assert_close(out, expected, torch.float32)
     assert calls
+
+
+def test_the_kernel_rejects_a_table_entry_outside_the_cache(native):
+    g = torch.Generator().manual_seed(3)
+    case = make_case([20], 1, 64, 16, torch.float32, g)
+    query = torch.randn(1, 2, 64, generator=g)
+    tables = case.block_tables.clone()
+    tables[0, 1] = -1  # the second of its two blocks
+    with pytest.raises(RuntimeError, match="is not in the cache"):
+        cpu_native.kernel()(
+            torch.empty_like(query), query, case.key_cache, case.value_cache,
+            tables, torch.tensor([[0, 1, 20, 0]]), 0.125,
+        )
