@@ -4,8 +4,10 @@ torch reference with the same signature (the real engine's hot path).
 Three operations, in three modules with identical signatures:
 
 - ``testbed.kernels.torch_attention``: torch, any device; the definition of what is computed.
-- ``testbed.kernels.cpu_attention``: torch, shaped for CPUs (whole blocks gathered, one
-  fused attention call per group of similar sequences); what the engine runs on CPU.
+- ``testbed.kernels.cpu_attention``: shaped for CPUs, what the engine runs on CPU: short
+  queries through a C++ kernel that reads K/V through the block table
+  (``cpu_native``, compiled on first use), long ones as whole blocks gathered and one
+  torch fused attention call per group of similar sequences.
 - ``testbed.kernels.triton_kernels``: Triton, CUDA tensors (or CPU tensors in the Triton
   interpreter, ``TRITON_INTERPRET=1`` set before it is imported); imported lazily.
 

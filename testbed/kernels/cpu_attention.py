@@ -1,31 +1,37 @@
-"""Paged attention for CPUs: whole blocks gathered, one fused SDPA call per group of
-sequences. Same signatures and results as ``testbed.kernels.torch_attention`` (the
-definition, which the tests compare this against); what the engine runs on CPU.
+"""Paged attention for CPUs. Same signatures and results as
+``testbed.kernels.torch_attention`` (the definition, which the tests compare this
+against); what the engine runs on CPU.
 
 On a CPU the reference's cost is data movement and call count, not arithmetic: it
 gathers K/V a token at a time and runs its products per (sequence, KV head) for
 decodes, and one gather + SDPA per sequence for prefills. Here every query of a
 step, decode or prefill chunk, is an *item* (its query rows, and the keys it may
-see); items of similar size form a group, whose blocks are copied whole (one
-``index_select`` of ``block_size``-token pieces) into a padded
-``[items, keys, kv_heads, head_dim]`` batch, and the group runs as one call of
-torch's fused CPU attention (``scaled_dot_product_attention``, grouped-query
-without expanding K/V) under a mask that is causal from each item's first
-position and hides the padding. Long prompts are cut into row chunks, each an
-item that sees only the keys up to its last row, so their work stays about half
-of a full square.
+see), and items take one of two routes:
 
-A step's layers share their batch, so the grouping and every index, mask and
-padding list is built once per step (a *plan*, cached on the identity of the
-metadata tensors the layers are called with) and each layer runs only the
-gathers and attention calls. Gathers go into buffers kept between calls.
+- items of a few rows, or of few (row x key) pairs (decodes, speculative
+  verifications, short prompts), all go to one call of the C++ kernel
+  (``cpu_native``), which reads K/V through the block table: no copy, no padding;
+- the rest (long prompts, long chunks), and every item where the kernel cannot be
+  built, form groups of similar size, whose blocks are copied whole (one
+  ``index_select`` of ``block_size``-token pieces) into a padded
+  ``[items, keys, kv_heads, head_dim]`` batch; each group runs as one call of
+  torch's fused CPU attention (``scaled_dot_product_attention``, grouped-query
+  without expanding K/V) under a mask that is causal from each item's first
+  position and hides the padding. Long prompts are cut into row chunks, each an
+  item that sees only the keys up to its last row, so their work stays about half
+  of a full square.
+
+A step's layers share their batch, so the routes, grouping and every index, mask
+and padding list are built once per step (a *plan*, cached on the contents of the
+metadata tensors the layers are called with) and each layer runs only the kernel
+call, gathers and attention calls. Gathers go into buffers kept between calls.
 
 Slots past an item's keys may hold anything (another request's stale values, or
 NaN), and a masked NaN still poisons the softmax, so padded keys must read
 finite values: padded blocks read the item's first block where that block is
 full (every slot written by this sequence), and the remaining padded slots (the
 tail of each item's last block, and padded blocks of items shorter than a block)
-are zeroed after the gather.
+are zeroed after the gather. The kernel reads no slot past an item's keys.
 """
 
 from __future__ import annotations

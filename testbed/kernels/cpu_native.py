@@ -5,8 +5,8 @@ It reads K/V through the block table (no gathered copy, no padding) for every
 query of a few rows in one call: decodes, speculative verifications, short
 prompts. The first use on a machine compiles it (about 10 s; torch caches the
 build under ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``,
-and rebuilds when the source changes). Where it cannot be built (no C++ compiler
-or ninja), :func:`kernel` returns None and says why once, and
+and rebuilds when the source changes). Where it cannot be built (no C++ compiler,
+or no ninja: the ``ninja`` package provides one), :func:`kernel` returns None and says why once, and
 ``testbed.kernels.cpu_attention`` runs those queries through its torch path.
 ``TESTBED_CPU_KERNEL=torch`` turns it off.
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import subprocess
 import warnings
 from collections.abc import Callable
@@ -33,11 +34,25 @@ def enabled() -> bool:
     return os.environ.get("TESTBED_CPU_KERNEL", "native").strip().lower() != "torch"
 
 
+def _ninja_on_path() -> None:
+    """torch builds with the ``ninja`` on PATH: where there is none, the one the
+    ``ninja`` package installed beside this interpreter (not on PATH when the
+    environment is not activated)."""
+    if shutil.which("ninja"):
+        return
+    try:
+        import ninja
+    except ImportError:
+        return
+    os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
+
+
 @functools.cache
 def _build() -> Callable | None:
     global _reason
     from torch.utils import cpp_extension
 
+    _ninja_on_path()
     try:
         cpp_extension.load(
             name=NAME,

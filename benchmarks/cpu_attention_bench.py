@@ -1,0 +1,133 @@
+"""Paged attention on a CPU, per layer: the reference, the CPU path on torch alone,
+and the CPU path with its C++ kernel, on the batches an engine step makes.
+
+Shapes (dummy Llama attention: 8 query heads, 4 KV heads, head dim 64, blocks of
+16, float32, blocks shuffled through a cache of 4,096): 48 decodes of contexts
+100-500; 16 speculative verifications (a token and 3 drafts) after contexts
+100-500; a burst of 45 prompts of 20-70 tokens; 3 chunks of 256 rows after
+1,024 cached tokens; one prompt of 2,048 tokens. For the decodes, the K/V bytes
+read per call over its time, against this machine's streaming read bandwidth
+measured in the same run (a sum over 200 MB): the memory floor. Median of
+repeats after warm-up; ``torch.get_num_threads()`` threads.
+
+    python benchmarks/cpu_attention_bench.py [--repeats 20] [--out benchmarks/results/cpu_attention.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from unittest import mock
+
+import torch
+from common import write_results
+
+from testbed.kernels import cpu_attention, cpu_native
+from testbed.kernels import torch_attention as reference
+
+HEADS, KV_HEADS, HEAD_DIM, BLOCK, NUM_BLOCKS = 8, 4, 64, 16, 4096
+ROUTES = ("reference", "cpu-torch", "cpu")
+
+
+def median_s(fn, repeats: int) -> float:
+    fn()
+    fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def read_bandwidth(repeats: int) -> float:
+    """Bytes per second of a sum over 200 MB (streaming reads, torch's threads)."""
+    x = torch.ones(50_000_000)
+    return x.numel() * 4 / median_s(lambda: x.sum(), max(3, repeats // 4))
+
+
+def batch(seq_lens: list[int], q_lens: list[int], gen: torch.Generator):
+    """Query rows of each sequence's last ``q_lens[i]`` positions, over a shuffled cache."""
+    kc = torch.randn(NUM_BLOCKS, BLOCK, KV_HEADS, HEAD_DIM, generator=gen)
+    vc = torch.randn(NUM_BLOCKS, BLOCK, KV_HEADS, HEAD_DIM, generator=gen)
+    width = max(-(-n // BLOCK) for n in seq_lens)
+    order = torch.randperm(NUM_BLOCKS, generator=gen)[: width * len(seq_lens)]
+    tables = order.view(len(seq_lens), width).to(torch.int32)
+    query = torch.randn(sum(q_lens), HEADS, HEAD_DIM, generator=gen)
+    starts = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    return query, kc, vc, tables, starts, lens
+
+
+def shapes(gen: torch.Generator) -> dict[str, tuple[list[int], list[int]]]:
+    ctx = torch.randint(100, 501, (48,), generator=gen).tolist()
+    verify = torch.randint(100, 501, (16,), generator=gen).tolist()
+    burst = torch.randint(20, 71, (45,), generator=gen).tolist()
+    return {
+        "48 decodes, contexts 100-500": (ctx, [1] * 48),
+        "16 verifications (4 rows), contexts 100-500": ([n + 4 for n in verify], [4] * 16),
+        "45 prompts of 20-70 tokens": (burst, burst),
+        "3 chunks of 256 after 1,024": ([1280] * 3, [256] * 3),
+        "one prompt of 2,048": ([2048], [2048]),
+    }
+
+
+def call(route: str, query, kc, vc, tables, starts, lens, decode: bool):
+    backend = reference if route == "reference" else cpu_attention
+    if decode:
+        return lambda: backend.paged_attention_decode(query, kc, vc, tables, lens, HEAD_DIM**-0.5)
+    return lambda: backend.paged_attention_prefill(
+        query, kc, vc, tables, starts, lens, HEAD_DIM**-0.5
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--out", default="benchmarks/results/cpu_attention.json")
+    args = ap.parse_args()
+    if cpu_native.kernel() is None:
+        raise SystemExit(f"no C++ kernel here: {cpu_native.unavailable_reason()}")
+    gen = torch.Generator().manual_seed(0)
+    floor_bw = read_bandwidth(args.repeats)
+    rows = []
+    for name, (seq_lens, q_lens) in shapes(gen).items():
+        inputs = batch(seq_lens, q_lens, gen)
+        decode = all(q == 1 for q in q_lens)
+        kv_bytes = sum(seq_lens) * KV_HEADS * HEAD_DIM * 4 * 2
+        row = dict(shape=name, kv_mb=kv_bytes / 1e6)
+        for route in ROUTES:
+            kernel = "torch" if route == "cpu-torch" else "native"
+            with mock.patch.dict(os.environ, {"TESTBED_CPU_KERNEL": kernel}):
+                row[f"{route}_ms"] = median_s(call(route, *inputs, decode), args.repeats) * 1e3
+        row["cpu_vs_cpu_torch"] = row["cpu_ms"] / row["cpu-torch_ms"]
+        if decode:
+            row["cpu_read_gb_s"] = kv_bytes / row["cpu_ms"] / 1e6
+            row["floor_ms"] = kv_bytes / floor_bw * 1e3
+        rows.append(row)
+    print(f"threads {torch.get_num_threads()}, streaming read {floor_bw / 1e9:.1f} GB/s")
+    print(f"{'shape':46} {'K/V MB':>7} {'reference':>10} {'cpu-torch':>10} {'cpu':>8} {'cpu/torch':>9}")
+    for r in rows:
+        print(
+            f"{r['shape']:46} {r['kv_mb']:7.1f} {r['reference_ms']:8.2f}ms "
+            f"{r['cpu-torch_ms']:8.2f}ms {r['cpu_ms']:6.2f}ms {r['cpu_vs_cpu_torch']:8.2f}x"
+            + (
+                f"   read {r['cpu_read_gb_s']:.1f} GB/s, floor {r['floor_ms']:.2f} ms"
+                if "floor_ms" in r
+                else ""
+            )
+        )
+    write_results(
+        args.out,
+        "cpu_attention",
+        rows,
+        threads=torch.get_num_threads(),
+        read_bandwidth_gb_s=floor_bw / 1e9,
+        route=cpu_attention.route(),
+    )
+
+
+if __name__ == "__main__":
+    main()
