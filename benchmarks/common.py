@@ -1,12 +1,16 @@
-"""What every benchmark writes: a JSON file with where and when it was measured."""
+"""What every benchmark writes (a JSON file with where and when it was measured),
+and the CPU attention route a benchmark names as ``cpu-torch``."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import platform
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from experiments.manifest import cpu, git
 
@@ -28,3 +32,11 @@ def write_results(out: str | Path, benchmark: str, rows: list[dict], **meta: Any
     out.write_text(json.dumps(dict(meta=header, rows=rows), indent=2) + "\n")
     print(f"wrote {out}")
     return out
+
+
+def kernel_route(backend: str):
+    """Where ``backend`` is ``cpu-torch``, the CPU attention path with its C++ kernel
+    turned off (the engine itself runs backend ``cpu``); any other, as it is."""
+    if backend == "cpu-torch":
+        return mock.patch.dict(os.environ, {"TESTBED_CPU_KERNEL": "torch"})
+    return contextlib.nullcontext()

@@ -29,15 +29,12 @@ floor of the run (every decode step reads all weights once);
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import random
 import statistics
 import time
-from unittest import mock
 
 import torch
-from common import write_results
+from common import kernel_route, write_results
 from step_breakdown import PARTS, StepBreakdown
 
 from testbed.core import SamplingParams
@@ -142,13 +139,6 @@ def run_hf(model, prompts, outputs, batch: int) -> float:
 def sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-
-
-def kernel_route(backend: str):
-    """``cpu-torch``: the CPU path with its C++ kernel turned off; others as they are."""
-    if backend == "cpu-torch":
-        return mock.patch.dict(os.environ, {"TESTBED_CPU_KERNEL": "torch"})
-    return contextlib.nullcontext()
 
 
 def run_workload(
