@@ -62,9 +62,10 @@ class ModelExecutor:
         self.last_timings: dict[str, float] = {}
 
     def warm_up(self) -> None:
-        """Compile the attention backend's kernels for this model and cache (Triton's
-        ``warm_up``; the torch reference has nothing to compile) and initialise the
-        device's matrix-multiply library, before any request's clock runs."""
+        """Compile or load the attention backend's kernels for this model and cache
+        (Triton's ``warm_up``, the CPU path's C++ kernel; the torch reference has
+        nothing to compile) and initialise a GPU's matrix-multiply library, before
+        any request's clock runs."""
         warm = getattr(self.backend, "warm_up", None)
         if warm is not None:
             warm(*self.kv_caches[0], self.model.config.num_heads)

@@ -194,7 +194,6 @@ def build_engine(
             args.seed,
         ),
     )
-    if device.type == "cuda":
-        executor.warm_up()  # no kernel compiles inside a run's first steps
+    executor.warm_up()  # no kernel compiles or loads inside a run's first steps
     engine = EngineCore(scheduler, executor, clock or WallClock(), token_validator(cfg.vocab_size))
     return engine, executor, cfg

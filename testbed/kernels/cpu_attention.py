@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from testbed.kernels import cpu_native
 from testbed.kernels.torch_attention import reshape_and_cache
 
-__all__ = ["paged_attention_decode", "paged_attention_prefill", "reshape_and_cache"]
+__all__ = ["paged_attention_decode", "paged_attention_prefill", "reshape_and_cache", "warm_up"]
 
 ROW_CHUNK = 256  # query rows per item of a chunk after a prefix: keys past its end skipped
 GROUP_BYTES = 8 * 2**20  # gathered K+V (float32) per call: temporaries that stay in cache
@@ -67,6 +67,14 @@ NATIVE_ROWS = 16  # up to this many rows (decodes, verifications): always the ke
 NATIVE_PAIRS = 2**18  # more rows: the kernel while rows x keys stays within this
 
 _WORKSPACES: dict[tuple, torch.Tensor] = {}  # (name, dtype, device) -> flat buffer
+
+
+def warm_up(key_cache: torch.Tensor, value_cache: torch.Tensor, num_heads: int) -> None:
+    """Load the C++ kernel (building it on first use) before any request's clock
+    runs, as the engine's warm-up does: loading it costs tens of milliseconds (torch
+    checks its build), which would otherwise land on a run's first step."""
+    if key_cache.device.type == "cpu" and key_cache.dtype == torch.float32:
+        cpu_native.kernel()
 
 
 def paged_attention_decode(

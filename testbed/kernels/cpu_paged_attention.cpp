@@ -225,6 +225,21 @@ struct Scratch {
   std::vector<int64_t> seen;
 };
 
+// fn(rows of head h in block b, first key t0) for each of the item's blocks of
+// `cache`, the next block's rows prefetched meanwhile.
+template <typename Fn>
+inline void for_each_block(const float* cache, const int32_t* table, int64_t h, int64_t keys,
+                           const Shapes& sh, Fn fn) {
+  const int64_t bs = sh.block_size;
+  for (int64_t b = 0, t0 = 0; t0 < keys; ++b, t0 += bs) {
+    if (t0 + bs < keys) {
+      prefetch_rows(cache + static_cast<int64_t>(table[b + 1]) * sh.block_stride + h * sh.head_dim,
+                    std::min(bs, keys - t0 - bs), sh.key_stride, sh.head_dim);
+    }
+    fn(cache + static_cast<int64_t>(table[b]) * sh.block_stride + h * sh.head_dim, t0);
+  }
+}
+
 // One unit: item `it`'s rows of KV head `h`'s query heads. Three passes over the
 // item's blocks: scores (each K block read once for all query vectors, from cache
 // after the first), softmax per vector, then the weighted sum of V rows.
@@ -249,29 +264,19 @@ void attend_unit(const int64_t* it, int64_t h, const Shapes& sh, float scale, co
       w.seen[j * group + g] = keys - rows + j + 1;  // the keys this vector sees
     }
   }
-  for (int64_t b = 0, t0 = 0; t0 < keys; ++b, t0 += bs) {
-    const float* kb = k_base + static_cast<int64_t>(table[b]) * sh.block_stride + h * hd;
-    if (t0 + bs < keys) {
-      prefetch_rows(k_base + static_cast<int64_t>(table[b + 1]) * sh.block_stride + h * hd,
-                    std::min(bs, keys - t0 - bs), sh.key_stride, hd);
-    }
+  for_each_block(k_base, table, h, keys, sh, [&](const float* kb, int64_t t0) {
     for (int64_t r = 0; r < n; ++r) {
       const int64_t lim = std::min(bs, w.seen[r] - t0);
       if (lim > 0) scores(w.q.data() + r * hd, kb, sh.key_stride, lim, hd, w.s.data() + r * width + t0);
     }
-  }
+  });
   for (int64_t r = 0; r < n; ++r) w.inv[r] = 1.f / softmax_unnormalized(w.s.data() + r * width, w.seen[r]);
-  for (int64_t b = 0, t0 = 0; t0 < keys; ++b, t0 += bs) {
-    const float* vb = v_base + static_cast<int64_t>(table[b]) * sh.block_stride + h * hd;
-    if (t0 + bs < keys) {
-      prefetch_rows(v_base + static_cast<int64_t>(table[b + 1]) * sh.block_stride + h * hd,
-                    std::min(bs, keys - t0 - bs), sh.key_stride, hd);
-    }
+  for_each_block(v_base, table, h, keys, sh, [&](const float* vb, int64_t t0) {
     for (int64_t r = 0; r < n; ++r) {
       const int64_t lim = std::min(bs, w.seen[r] - t0);
       if (lim > 0) accumulate(w.acc.data() + r * hd, w.s.data() + r * width + t0, vb, lim, sh.key_stride, hd);
     }
-  }
+  });
   for (int64_t j = 0; j < rows; ++j) {
     for (int64_t g = 0; g < group; ++g) {
       const int64_t r = j * group + g;

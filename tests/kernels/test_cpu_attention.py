@@ -220,3 +220,16 @@ def test_the_kernel_rejects_a_table_entry_outside_the_cache(native):
             torch.empty_like(query), query, case.key_cache, case.value_cache,
             tables, torch.tensor([[0, 1, 20, 0]]), 0.125,
         )
+
+
+def test_the_engines_warm_up_loads_the_kernel_before_any_step(monkeypatch):
+    """Loading the kernel costs tens of milliseconds; it must not land on a run's
+    first step."""
+    from testbed.engine.llm import LLM
+
+    asked = []
+    kernel = cpu_native.kernel
+    monkeypatch.setattr(cpu_native, "kernel", lambda: asked.append(1) or kernel())
+    llm = LLM("dummy-llama", num_kv_blocks=16, attention_backend="cpu", device="cpu")
+    assert llm.executor.backend is cpu_attention
+    assert asked, "the engine's warm-up did not load the C++ kernel"
