@@ -10,7 +10,8 @@ read per call over its time, against this machine's streaming read bandwidth
 measured in the same run (a sum over 200 MB): the memory floor. Median of
 repeats after warm-up; ``torch.get_num_threads()`` threads.
 
-    python benchmarks/cpu_attention_bench.py [--repeats 20] [--out benchmarks/results/cpu_attention.json]
+    python benchmarks/cpu_attention_bench.py [--repeats 20] \\
+        [--out benchmarks/results/cpu_attention.json]
 """
 
 from __future__ import annotations
@@ -108,7 +109,10 @@ def main() -> None:
             row["floor_ms"] = kv_bytes / floor_bw * 1e3
         rows.append(row)
     print(f"threads {torch.get_num_threads()}, streaming read {floor_bw / 1e9:.1f} GB/s")
-    print(f"{'shape':46} {'K/V MB':>7} {'reference':>10} {'cpu-torch':>10} {'cpu':>8} {'cpu/torch':>9}")
+    print(
+        f"{'shape':46} {'K/V MB':>7} {'reference':>10} {'cpu-torch':>10} {'cpu':>8} "
+        f"{'cpu/torch':>9}"
+    )
     for r in rows:
         print(
             f"{r['shape']:46} {r['kv_mb']:7.1f} {r['reference_ms']:8.2f}ms "
