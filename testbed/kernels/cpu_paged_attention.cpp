@@ -5,9 +5,11 @@
 // position `keys - rows + j` and sees the keys up to it (a decode: rows = 1; a
 // speculative verification: its token and drafts; a short prompt: rows = keys).
 // A work unit is one item and one KV head: the item's rows of that head's query
-// heads (grouped-query attention reads each K/V row once for all of them) run an
-// online softmax over the item's blocks, block by block. Units run on torch's
-// intra-op threads (at::parallel_for), so torch.set_num_threads holds.
+// heads (grouped-query attention reads each K/V block once for all of them), in
+// three passes over the item's blocks: scores, a softmax per query vector, the
+// weighted sum of V (the scores are held whole: rows x group x keys floats, so
+// an item's size is bounded by the caller). Units run on torch's intra-op
+// threads (at::parallel_for), so torch.set_num_threads holds.
 //
 // float32 only; query and out need their last dimension contiguous, the caches
 // to be contiguous. Rows not in any item are left as they are.
@@ -99,7 +101,9 @@ inline void scores8(const float* q, const float* k, int64_t stride, int64_t n, f
   for (int i = 0; i < 8; ++i) a[i] = _mm256_setzero_ps();
   for (int64_t d = 0; d < n; d += 8) {
     const __m256 qv = _mm256_loadu_ps(q + d);
-    for (int i = 0; i < 8; ++i) a[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + i * stride + d), a[i]);
+    for (int i = 0; i < 8; ++i) {
+      a[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + i * stride + d), a[i]);
+    }
   }
   const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
   const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
@@ -110,7 +114,9 @@ inline void scores8(const float* q, const float* k, int64_t stride, int64_t n, f
 
 inline float dot8(const float* q, const float* k, int64_t n) {
   __m256 a = _mm256_setzero_ps();
-  for (int64_t d = 0; d < n; d += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), a);
+  for (int64_t d = 0; d < n; d += 8) {
+    a = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), a);
+  }
   return hsum(a);
 }
 
@@ -267,14 +273,20 @@ void attend_unit(const int64_t* it, int64_t h, const Shapes& sh, float scale, co
   for_each_block(k_base, table, h, keys, sh, [&](const float* kb, int64_t t0) {
     for (int64_t r = 0; r < n; ++r) {
       const int64_t lim = std::min(bs, w.seen[r] - t0);
-      if (lim > 0) scores(w.q.data() + r * hd, kb, sh.key_stride, lim, hd, w.s.data() + r * width + t0);
+      if (lim > 0) {
+        scores(w.q.data() + r * hd, kb, sh.key_stride, lim, hd, w.s.data() + r * width + t0);
+      }
     }
   });
-  for (int64_t r = 0; r < n; ++r) w.inv[r] = 1.f / softmax_unnormalized(w.s.data() + r * width, w.seen[r]);
+  for (int64_t r = 0; r < n; ++r) {
+    w.inv[r] = 1.f / softmax_unnormalized(w.s.data() + r * width, w.seen[r]);
+  }
   for_each_block(v_base, table, h, keys, sh, [&](const float* vb, int64_t t0) {
     for (int64_t r = 0; r < n; ++r) {
       const int64_t lim = std::min(bs, w.seen[r] - t0);
-      if (lim > 0) accumulate(w.acc.data() + r * hd, w.s.data() + r * width + t0, vb, lim, sh.key_stride, hd);
+      if (lim > 0) {
+        accumulate(w.acc.data() + r * hd, w.s.data() + r * width + t0, vb, lim, sh.key_stride, hd);
+      }
     }
   });
   for (int64_t j = 0; j < rows; ++j) {
@@ -297,7 +309,8 @@ void paged_attention_rows(
     const at::Tensor& block_tables,
     const at::Tensor& items,
     double scale) {
-  TORCH_CHECK(query.dim() == 3 && out.sizes() == query.sizes(), "query and out: [tokens, heads, head_dim]");
+  TORCH_CHECK(query.dim() == 3 && out.sizes() == query.sizes(),
+              "query and out: [tokens, heads, head_dim]");
   TORCH_CHECK(key_cache.dim() == 4 && value_cache.sizes() == key_cache.sizes(),
               "caches: [blocks, block_size, kv_heads, head_dim]");
   TORCH_CHECK(query.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat &&
