@@ -34,8 +34,9 @@ class ProfileModel:
     Where the table has verification points (decoders each verifying drafts),
     the fit also has a term per request verifying drafts: such a request is a
     multi-token query that the step features count as prefill-like tokens, but
-    that costs a CPU attention path a per-sequence loop (about 0.4 ms per request
-    for stories260K on one core, at any context). :meth:`verification_s` gives it.
+    that some attention paths run per sequence (the torch reference's loop: about
+    0.4 ms per request for stories260K on one core, at any context; the CPU path's
+    C++ kernel about 0.01 ms). :meth:`verification_s` gives it.
     """
 
     kind = "profile"
