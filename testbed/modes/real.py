@@ -37,6 +37,7 @@ from testbed.engine.draft_model import DraftModelProposer
 from testbed.engine.factory import build_engine, engine_model
 from testbed.engine.replay import replay
 from testbed.errors import InputError
+from testbed.kernels import describe
 from testbed.metrics import RunResult
 from testbed.models import ModelSpec
 from testbed.profiling.probes import IdleProbe
@@ -72,6 +73,7 @@ def run_real(
         "latency_model": "measured",
         "latency_model_source": f"real engine on {executor.device} (torch {torch.__version__})",
         "machine": machine_name(executor.device),
+        "attention_backend": describe(executor.backend),
         "num_kv_blocks": kv.num_blocks,
         "prefix_cache_hit_rate": kv.stats.hit_rate,
         "tokens_computed": executor.num_computed_tokens,

@@ -38,8 +38,10 @@ def test_real_run_writes_the_simulators_run_directory(tmp_path):
     sim = run_from_config(compose_cfg("mode=sim", *SHORT), tmp_path / "sim")
     assert real["num_finished"] == 8 and real["latency_model"] == "measured"
     assert real["machine"] == machine_name(torch.device("cpu"))  # what the run ran on
+    assert real["attention_backend"].startswith("testbed.kernels.cpu_attention (")
     speed = {"speed_vs_profile", "speed_vs_profile_min", "speed_vs_profile_max", "speed_profile"}
-    assert set(real) - {"tokens_computed", "machine", *speed} == set(sim) - {
+    only_real = {"tokens_computed", "machine", "attention_backend", *speed}
+    assert set(real) - only_real == set(sim) - {
         "sim_wall_s",
         "sim_requests_per_wall_s",
         "num_jumps",
