@@ -189,14 +189,14 @@ def _plan(meta: tuple[torch.Tensor, ...], query, key_cache, items) -> Plan:
         key_cache.device,
         query.dtype,
         key_cache.dtype,
-        cpu_native.enabled(),
+        native_ok := _native_kernel(query, key_cache) is not None,
     )
     if _last_plan is not None and _last_plan[0] == key:
         return _last_plan[1]
     block_tables = meta[0]
     its = items()
     native = None
-    if _native_kernel(query, key_cache) is not None:
+    if native_ok:
         short = [it for it in its if _native_item(it)]
         its = [it for it in its if not _native_item(it)]
         if short:
