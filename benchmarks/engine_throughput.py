@@ -39,6 +39,7 @@ from step_breakdown import PARTS, StepBreakdown
 
 from testbed.core import SamplingParams
 from testbed.engine.llm import LLM
+from testbed.kernels import describe
 
 HBM = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.039e12}
 
@@ -165,10 +166,11 @@ def run_workload(
     hf = hf_model_like(llm)
     run_hf(hf, prompts[:4], [8] * 4, 4)  # warm-up
     times: dict[str, list[float]] = {b: [] for b in [*backends, "hf"]}
-    breakdowns = {}
+    breakdowns, routes = {}, {}
     for _ in range(repeats):
         for backend in backends:
             with kernel_route(backend):
+                routes[backend] = describe(llms[backend].executor.backend)
                 run_ours(llms[backend], prompts[:4], [8] * 4)  # warm-up
                 if llms[backend].executor.device.type == "cpu":
                     with StepBreakdown(llms[backend]) as breakdown:
@@ -181,7 +183,7 @@ def run_workload(
         dict(
             workload=name,
             engine=f"ours ({backend})",
-            attention_backend=llms[backend].executor.backend.__name__,
+            attention_backend=routes[backend],
             seconds=statistics.median(times[backend]),
             rounds_s=times[backend],
             speedup_by_round=[h / t for h, t in zip(times["hf"], times[backend], strict=True)],

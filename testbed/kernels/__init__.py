@@ -50,9 +50,10 @@ BACKENDS = ("auto", "triton", "cpu", "torch")
 
 
 def describe(backend: ModuleType) -> str:
-    """A backend module's name, and for the CPU path how it runs short queries."""
-    name = backend.__name__
-    return f"{name} ({cpu_attention.route()})" if backend is cpu_attention else name
+    """A backend module's name, with how it runs here where it says (its optional
+    ``route()``: the CPU path's route for short queries)."""
+    route = getattr(backend, "route", None)
+    return f"{backend.__name__} ({route()})" if route is not None else backend.__name__
 
 
 @functools.cache

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -73,8 +74,7 @@ def warm_up(key_cache: torch.Tensor, value_cache: torch.Tensor, num_heads: int) 
     """Load the C++ kernel (building it on first use) before any request's clock
     runs, as the engine's warm-up does: loading it costs tens of milliseconds (torch
     checks its build), which would otherwise land on a run's first step."""
-    if key_cache.device.type == "cpu" and key_cache.dtype == torch.float32:
-        cpu_native.kernel()
+    _native_kernel(key_cache, value_cache)
 
 
 def paged_attention_decode(
@@ -170,6 +170,7 @@ class Group(NamedTuple):
 class Plan(NamedTuple):
     groups: list[Group]
     native: torch.Tensor | None  # int64 [n, 4]: the C++ kernel's items (row, rows, keys, seq)
+    kernel: Callable | None  # the C++ kernel (None: not here)
     covered: bool  # every query row is in some item (else the rest are zeros)
 
 
@@ -189,14 +190,14 @@ def _plan(meta: tuple[torch.Tensor, ...], query, key_cache, items) -> Plan:
         key_cache.device,
         query.dtype,
         key_cache.dtype,
-        native_ok := _native_kernel(query, key_cache) is not None,
+        kernel := _native_kernel(query, key_cache),
     )
     if _last_plan is not None and _last_plan[0] == key:
         return _last_plan[1]
     block_tables = meta[0]
     its = items()
     native = None
-    if native_ok:
+    if kernel is not None:
         short = [it for it in its if _native_item(it)]
         its = [it for it in its if not _native_item(it)]
         if short:
@@ -209,7 +210,7 @@ def _plan(meta: tuple[torch.Tensor, ...], query, key_cache, items) -> Plan:
         for grp in _groups([it for it in its if it.causal == causal], block_size, bytes_per_key)
     ]
     rows = sum(it.rows for it in its) + (int(native[:, 1].sum()) if native is not None else 0)
-    plan = Plan(groups, native, rows == len(query))
+    plan = Plan(groups, native, kernel, rows == len(query))
     _last_plan = (key, plan)
     return plan
 
@@ -225,11 +226,10 @@ def route() -> str:
     return f"torch only: {cpu_native.unavailable_reason()}"
 
 
-def _native_kernel(query: torch.Tensor, key_cache: torch.Tensor):
-    """The C++ kernel where it applies (float32 CPU tensors) and is built, else None."""
-    if query.device.type != "cpu" or query.dtype != torch.float32:
-        return None
-    if key_cache.dtype != torch.float32:
+def _native_kernel(*tensors: torch.Tensor):
+    """The C++ kernel where it applies (``tensors`` all float32 on a CPU) and is
+    built, else None."""
+    if any(t.device.type != "cpu" or t.dtype != torch.float32 for t in tensors):
         return None
     return cpu_native.kernel()
 
@@ -329,7 +329,7 @@ def _run(plan: Plan, query, key_cache, value_cache, block_tables, scale) -> torc
     if plan.native is not None:
         tables = block_tables if block_tables.dtype == torch.int32 else block_tables.int()
         q = query if query.stride(-1) == 1 else query.contiguous()
-        cpu_native.kernel()(out, q, key_cache, value_cache, tables.contiguous(), plan.native, scale)
+        plan.kernel(out, q, key_cache, value_cache, tables.contiguous(), plan.native, scale)
     for g in plan.groups:
         b, width = g.num_items, g.num_blocks * block_size
         shape = (b * g.num_blocks, block_size, kv_heads, head_dim)

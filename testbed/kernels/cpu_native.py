@@ -5,8 +5,9 @@ It reads K/V through the block table (no gathered copy, no padding) for every
 query of a few rows in one call: decodes, speculative verifications, short
 prompts. The first use on a machine compiles it (about 10 s; torch caches the
 build under ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``,
-and rebuilds when the source changes). Where it cannot be built (no C++ compiler,
-or no ninja: the ``ninja`` package provides one), :func:`kernel` returns None and says why once, and
+one per CPU feature set, and rebuilds when the source changes). Where it cannot
+be built (no C++ compiler, or no ninja: the ``ninja`` package provides one),
+:func:`kernel` returns None and says why once, and
 ``testbed.kernels.cpu_attention`` runs those queries through its torch path.
 ``TESTBED_CPU_KERNEL=torch`` turns it off.
 """
@@ -14,7 +15,9 @@ or no ninja: the ``ninja`` package provides one), :func:`kernel` returns None an
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import warnings
@@ -24,7 +27,22 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("cpu_paged_attention.cpp")
-NAME = "testbed_cpu"  # the extension's and the op namespace's name
+
+
+def _build_name() -> str:
+    """The build's name: one per CPU feature set, since ``-march=native`` code may
+    not run on another CPU and torch's build cache (often a home folder that
+    machines share) is keyed on the name and the source only."""
+    try:
+        flags = next(
+            line
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith(("flags", "Features"))
+        )
+    except (OSError, StopIteration):
+        flags = platform.processor() or platform.machine()
+    return f"testbed_cpu_{hashlib.sha1(flags.encode()).hexdigest()[:10]}"
+
 
 _reason: str | None = None  # why the kernel is not available (None: it is, or not tried)
 
@@ -55,7 +73,7 @@ def _build() -> Callable | None:
     _ninja_on_path()
     try:
         cpp_extension.load(
-            name=NAME,
+            name=_build_name(),
             sources=[str(SOURCE)],
             extra_cflags=["-O3", "-march=native", "-fopenmp"],
             extra_ldflags=["-fopenmp"],  # the libgomp torch loaded: its threads

@@ -20,20 +20,14 @@ def kernel(request, monkeypatch):
     """The CPU path's route for short queries: its C++ kernel (skipped where it cannot
     be built), or torch's fused attention on gathered blocks."""
     monkeypatch.setenv("TESTBED_CPU_KERNEL", request.param)
-    if request.param == "native" and cpu_native.kernel() is None:
-        pytest.skip(cpu_native.unavailable_reason())
+    if request.param == "native":
+        request.getfixturevalue("native")
     return request.param
 
 
 @pytest.fixture
 def torch_path(monkeypatch):
     monkeypatch.setenv("TESTBED_CPU_KERNEL", "torch")
-
-
-@pytest.fixture
-def native():
-    if cpu_native.kernel() is None:
-        pytest.skip(cpu_native.unavailable_reason())
 
 
 def _calls(monkeypatch) -> list[tuple[int, ...]]:

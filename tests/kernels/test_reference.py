@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from testbed.kernels import cpu_attention, cpu_native
+from testbed.kernels import cpu_attention
 from testbed.kernels import torch_attention as reference
 from tests.kernels.cases import (
     assert_close,
@@ -34,8 +34,8 @@ def attention(request, monkeypatch):
         return reference
     if request.param == "cpu-torch":
         monkeypatch.setenv("TESTBED_CPU_KERNEL", "torch")
-    elif cpu_native.kernel() is None:
-        pytest.skip(cpu_native.unavailable_reason())
+    else:
+        request.getfixturevalue("native")
     return cpu_attention
 
 
