@@ -51,7 +51,7 @@ REQUIRED_MODULES = (
     "tqdm",
     "wandb",
 )
-TEST_MODULES = ("pytest", "hypothesis")
+TEST_MODULES = ("pytest", "xdist", "hypothesis")
 
 
 def has_nvidia_gpu() -> bool:

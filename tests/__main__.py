@@ -1,7 +1,11 @@
 """The test command: ``python -m tests`` (sets itself up on a fresh machine).
 
 Arguments go to pytest, e.g. ``python -m tests -k scheduler``;
-``python -m tests --quick`` runs the everyday subset (no integration or slow tests).
+``python -m tests --quick`` runs the everyday subset (no integration or slow tests),
+spread over this machine's cores (pytest-xdist, one worker per core, each on its
+share of torch's threads) unless the arguments say ``-n``/``-p no:xdist``. The whole
+suite runs in one process: its integration tests compare a run's speed with a
+profile's minutes apart, which another worker's load beside them would skew.
 """
 
 import sys
@@ -18,5 +22,26 @@ import os  # noqa: E402
 
 import pytest  # noqa: E402
 
+
+def _workers(args: list[str]) -> list[str]:
+    """``-n <cores>`` for ``--quick`` when xdist is importable, there is more than one
+    core and the arguments choose nothing themselves; else nothing (one process)."""
+    if "--quick" not in args:
+        return []
+    chosen = any(
+        a in ("-n", "--numprocesses", "no:xdist") or a.startswith(("-n", "--numprocesses="))
+        for a in args
+    )
+    if chosen:
+        return []
+    try:
+        import xdist  # noqa: F401
+    except ImportError:
+        return []
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return ["-n", str(cores)] if cores and cores > 1 else []
+
+
 os.chdir(ROOT)
-sys.exit(pytest.main(sys.argv[1:]))
+args = sys.argv[1:]
+sys.exit(pytest.main([*_workers(args), *args]))

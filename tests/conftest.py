@@ -9,6 +9,19 @@ import pytest
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 
+def pytest_configure(config):
+    """A worker of ``-n N`` takes 1/N of the cores for torch's threads (and for the runs
+    it starts), so that N workers do not each spin a thread per core."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+        share = max(1, (cores or 1) // workers)
+        os.environ["OMP_NUM_THREADS"] = str(share)
+        import torch
+
+        torch.set_num_threads(share)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _wandb_in_tmp(tmp_path_factory):
     root = tmp_path_factory.mktemp("wandb")
