@@ -5,7 +5,8 @@ Shapes (dummy Llama attention: 8 query heads, 4 KV heads, head dim 64, blocks of
 16, float32, blocks shuffled through a cache of 4,096): 48 decodes of contexts
 100-500; 16 speculative verifications (a token and 3 drafts) after contexts
 100-500; a burst of 45 prompts of 20-70 tokens; 3 chunks of 256 rows after
-1,024 cached tokens; one prompt of 2,048 tokens. For the decodes, the K/V bytes
+1,024 cached tokens; one prompt of 2,048 tokens; 4 decodes of contexts
+12,000-16,000 (the kernel's keys in chunks). For the decodes, the K/V bytes
 read per call over its time, against this machine's streaming read bandwidth
 measured in the same run (a sum over 200 MB): the memory floor. Median of
 repeats after warm-up; ``torch.get_num_threads()`` threads.
@@ -66,12 +67,14 @@ def shapes(gen: torch.Generator) -> dict[str, tuple[list[int], list[int]]]:
     ctx = torch.randint(100, 501, (48,), generator=gen).tolist()
     verify = torch.randint(100, 501, (16,), generator=gen).tolist()
     burst = torch.randint(20, 71, (45,), generator=gen).tolist()
+    long_ctx = torch.randint(12_000, 16_001, (4,), generator=gen).tolist()
     return {
         "48 decodes, contexts 100-500": (ctx, [1] * 48),
         "16 verifications (4 rows), contexts 100-500": ([n + 4 for n in verify], [4] * 16),
         "45 prompts of 20-70 tokens": (burst, burst),
         "3 chunks of 256 after 1,024": ([1280] * 3, [256] * 3),
         "one prompt of 2,048": ([2048], [2048]),
+        "4 decodes, contexts 12,000-16,000": (long_ctx, [1] * 4),
     }
 
 

@@ -4,12 +4,16 @@
 // An item is query rows `row .. row + rows` of sequence `seq`, whose row j sits at
 // position `keys - rows + j` and sees the keys up to it (a decode: rows = 1; a
 // speculative verification: its token and drafts; a short prompt: rows = keys).
-// A work unit is one item and one KV head: the item's rows of that head's query
-// heads (grouped-query attention reads each K/V block once for all of them), in
-// three passes over the item's blocks: scores, a softmax per query vector, the
-// weighted sum of V (the scores are held whole: rows x group x keys floats, so
-// an item's size is bounded by the caller). Units run on torch's intra-op
-// threads (at::parallel_for), so torch.set_num_threads holds.
+// A work unit is one item and some of its KV heads (all of them for an item of a
+// few rows where there are items enough for the threads, so that its K/V rows
+// are read whole): the item's rows of those heads' query heads (grouped-query
+// attention reads each K/V block once for all of them). Its keys go in chunks of
+// whole blocks (kChunkKeys), three passes over each chunk's blocks: scores, their
+// exponentials against the running maximum per query vector (online softmax:
+// earlier chunks' sums and outputs rescaled when it rises), the weighted sum of
+// V. So a unit holds at most rows x query heads x kChunkKeys scores, whatever
+// its context. Units run on torch's intra-op threads
+// (at::parallel_for), so torch.set_num_threads holds.
 //
 // float32 only; query and out need their last dimension contiguous, the caches
 // to be contiguous. Rows not in any item are left as they are.
@@ -150,10 +154,9 @@ inline void scores(const float* q, const float* k, int64_t stride, int64_t count
   for (; t < count; ++t) s[t] = dot(q, k + t * stride, n);
 }
 
-// x[t] = exp(x[t] - max x) for t < count; returns their sum.
-inline float softmax_unnormalized(float* x, int64_t count) {
+// max of x[0..count).
+inline float max_of(const float* x, int64_t count) {
   float mx = -std::numeric_limits<float>::infinity();
-  float sum = 0.f;
   int64_t t = 0;
 #if defined(__AVX2__) && defined(__FMA__)
   __m256 m8 = _mm256_set1_ps(mx);
@@ -161,18 +164,24 @@ inline float softmax_unnormalized(float* x, int64_t count) {
   float lanes[8];
   _mm256_storeu_ps(lanes, m8);
   for (float v : lanes) mx = std::max(mx, v);
+#endif
   for (; t < count; ++t) mx = std::max(mx, x[t]);
+  return mx;
+}
+
+// x[t] = exp(x[t] - mx) for t < count (mx at least every x[t]); returns their sum.
+inline float exp_shifted(float* x, int64_t count, float mx) {
+  float sum = 0.f;
+  int64_t t = 0;
+#if defined(__AVX2__) && defined(__FMA__)
   const __m256 mv = _mm256_set1_ps(mx);
   __m256 s8 = _mm256_setzero_ps();
-  for (t = 0; t + 8 <= count; t += 8) {
+  for (; t + 8 <= count; t += 8) {
     const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + t), mv));
     _mm256_storeu_ps(x + t, e);
     s8 = _mm256_add_ps(s8, e);
   }
   sum = hsum(s8);
-#else
-  for (; t < count; ++t) mx = std::max(mx, x[t]);
-  t = 0;
 #endif
   for (; t < count; ++t) {
     x[t] = exp_nonpositive(x[t] - mx);
@@ -226,75 +235,109 @@ struct Shapes {
   int64_t qs0, qs1, os0, os1, key_stride, block_stride, bt_stride;
 };
 
+// Keys per chunk of a unit (rounded down to whole blocks, at least one): bounds
+// the scores a unit holds; a context of a few hundred tokens is one chunk.
+constexpr int64_t kChunkKeys = 1024;
+
+// Items of at most this many query rows may take all their KV heads in one unit.
+constexpr int64_t kWholeRowsMaxRows = 16;
+
 struct Scratch {
-  std::vector<float> q, s, acc, inv;
+  std::vector<float> q, s, acc, mx, sum;
   std::vector<int64_t> seen;
 };
 
-// fn(rows of head h in block b, first key t0) for each of the item's blocks of
-// `cache`, the next block's rows prefetched meanwhile.
+// fn(block b's rows from head h0 on, first key t0) for each block of `cache` holding
+// keys [k0, k1) (k0 at a block's start), the next block's rows of heads
+// h0 .. h0 + nh prefetched meanwhile.
 template <typename Fn>
-inline void for_each_block(const float* cache, const int32_t* table, int64_t h, int64_t keys,
-                           const Shapes& sh, Fn fn) {
-  const int64_t bs = sh.block_size;
-  for (int64_t b = 0, t0 = 0; t0 < keys; ++b, t0 += bs) {
-    if (t0 + bs < keys) {
-      prefetch_rows(cache + static_cast<int64_t>(table[b + 1]) * sh.block_stride + h * sh.head_dim,
-                    std::min(bs, keys - t0 - bs), sh.key_stride, sh.head_dim);
+inline void for_each_block(const float* cache, const int32_t* table, int64_t h0, int64_t nh,
+                           int64_t k0, int64_t k1, const Shapes& sh, Fn fn) {
+  const int64_t bs = sh.block_size, off = h0 * sh.head_dim;
+  for (int64_t b = k0 / bs, t0 = k0; t0 < k1; ++b, t0 += bs) {
+    if (t0 + bs < k1) {
+      prefetch_rows(cache + static_cast<int64_t>(table[b + 1]) * sh.block_stride + off,
+                    std::min(bs, k1 - t0 - bs), sh.key_stride, nh * sh.head_dim);
     }
-    fn(cache + static_cast<int64_t>(table[b]) * sh.block_stride + h * sh.head_dim, t0);
+    fn(cache + static_cast<int64_t>(table[b]) * sh.block_stride + off, t0);
   }
 }
 
-// One unit: item `it`'s rows of KV head `h`'s query heads. Three passes over the
-// item's blocks: scores (each K block read once for all query vectors, from cache
-// after the first), softmax per vector, then the weighted sum of V rows.
-void attend_unit(const int64_t* it, int64_t h, const Shapes& sh, float scale, const float* q_base,
-                 float* o_base, const float* k_base, const float* v_base, const int32_t* tables,
-                 Scratch& w) {
+// One unit: item `it`'s rows of the query heads of KV heads h0 .. h0 + nh, chunk by
+// chunk of keys: scores (each K block read once for all query vectors, from cache
+// after the first), exponentials against the running maximum, then the weighted
+// V rows. Vectors are ordered (KV head, row, query head of it).
+void attend_unit(const int64_t* it, int64_t h0, int64_t nh, const Shapes& sh, float scale,
+                 const float* q_base, float* o_base, const float* k_base, const float* v_base,
+                 const int32_t* tables, Scratch& w) {
   const int64_t hd = sh.head_dim, group = sh.group, bs = sh.block_size;
   const int64_t row0 = it[0], rows = it[1], keys = it[2];
   const int32_t* table = tables + it[3] * sh.bt_stride;
-  const int64_t n = rows * group;  // query vectors: row-major over (row, head of h)
-  const int64_t width = (keys + bs - 1) / bs * bs;
+  const int64_t per_head = rows * group;  // query vectors of one KV head
+  const int64_t n = nh * per_head;
+  const int64_t chunk = std::max<int64_t>(1, kChunkKeys / bs) * bs;
+  const int64_t width = std::min(chunk, (keys + bs - 1) / bs * bs);
   w.q.resize(n * hd);
   w.s.resize(n * width);
   w.acc.assign(n * hd, 0.f);
-  w.inv.resize(n);
+  w.mx.assign(n, -std::numeric_limits<float>::infinity());
+  w.sum.assign(n, 0.f);
   w.seen.resize(n);
-  for (int64_t j = 0; j < rows; ++j) {
-    for (int64_t g = 0; g < group; ++g) {
-      const float* src = q_base + (row0 + j) * sh.qs0 + (h * group + g) * sh.qs1;
-      float* dst = w.q.data() + (j * group + g) * hd;
-      for (int64_t d = 0; d < hd; ++d) dst[d] = src[d] * scale;
-      w.seen[j * group + g] = keys - rows + j + 1;  // the keys this vector sees
-    }
-  }
-  for_each_block(k_base, table, h, keys, sh, [&](const float* kb, int64_t t0) {
-    for (int64_t r = 0; r < n; ++r) {
-      const int64_t lim = std::min(bs, w.seen[r] - t0);
-      if (lim > 0) {
-        scores(w.q.data() + r * hd, kb, sh.key_stride, lim, hd, w.s.data() + r * width + t0);
+  for (int64_t hh = 0; hh < nh; ++hh) {
+    for (int64_t j = 0; j < rows; ++j) {
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t r = (hh * rows + j) * group + g;
+        const float* src = q_base + (row0 + j) * sh.qs0 + ((h0 + hh) * group + g) * sh.qs1;
+        float* dst = w.q.data() + r * hd;
+        for (int64_t d = 0; d < hd; ++d) dst[d] = src[d] * scale;
+        w.seen[r] = keys - rows + j + 1;  // the keys this vector sees
       }
     }
-  });
-  for (int64_t r = 0; r < n; ++r) {
-    w.inv[r] = 1.f / softmax_unnormalized(w.s.data() + r * width, w.seen[r]);
   }
-  for_each_block(v_base, table, h, keys, sh, [&](const float* vb, int64_t t0) {
-    for (int64_t r = 0; r < n; ++r) {
-      const int64_t lim = std::min(bs, w.seen[r] - t0);
-      if (lim > 0) {
-        accumulate(w.acc.data() + r * hd, w.s.data() + r * width + t0, vb, lim, sh.key_stride, hd);
+  for (int64_t c0 = 0; c0 < keys; c0 += chunk) {
+    const int64_t c1 = std::min(keys, c0 + chunk);
+    for_each_block(k_base, table, h0, nh, c0, c1, sh, [&](const float* kb, int64_t t0) {
+      for (int64_t r = 0; r < n; ++r) {
+        const int64_t lim = std::min(bs, w.seen[r] - t0);
+        if (lim > 0) {
+          scores(w.q.data() + r * hd, kb + r / per_head * hd, sh.key_stride, lim, hd,
+                 w.s.data() + r * width + (t0 - c0));
+        }
       }
+    });
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t count = std::min(c1, w.seen[r]) - c0;
+      if (count <= 0) continue;
+      float* sr = w.s.data() + r * width;
+      const float top = std::max(w.mx[r], max_of(sr, count));
+      if (c0 > 0 && top > w.mx[r]) {  // rescale what earlier chunks summed
+        const float f = exp_nonpositive(w.mx[r] - top);
+        w.sum[r] *= f;
+        float* ar = w.acc.data() + r * hd;
+        for (int64_t d = 0; d < hd; ++d) ar[d] *= f;
+      }
+      w.mx[r] = top;
+      w.sum[r] += exp_shifted(sr, count, top);
     }
-  });
-  for (int64_t j = 0; j < rows; ++j) {
-    for (int64_t g = 0; g < group; ++g) {
-      const int64_t r = j * group + g;
-      const float* ar = w.acc.data() + r * hd;
-      float* dst = o_base + (row0 + j) * sh.os0 + (h * group + g) * sh.os1;
-      for (int64_t d = 0; d < hd; ++d) dst[d] = ar[d] * w.inv[r];
+    for_each_block(v_base, table, h0, nh, c0, c1, sh, [&](const float* vb, int64_t t0) {
+      for (int64_t r = 0; r < n; ++r) {
+        const int64_t lim = std::min(bs, w.seen[r] - t0);
+        if (lim > 0) {
+          accumulate(w.acc.data() + r * hd, w.s.data() + r * width + (t0 - c0),
+                     vb + r / per_head * hd, lim, sh.key_stride, hd);
+        }
+      }
+    });
+  }
+  for (int64_t hh = 0; hh < nh; ++hh) {
+    for (int64_t j = 0; j < rows; ++j) {
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t r = (hh * rows + j) * group + g;
+        const float* ar = w.acc.data() + r * hd;
+        const float inv = 1.f / w.sum[r];
+        float* dst = o_base + (row0 + j) * sh.os0 + ((h0 + hh) * group + g) * sh.os1;
+        for (int64_t d = 0; d < hd; ++d) dst[d] = ar[d] * inv;
+      }
     }
   }
 }
@@ -361,12 +404,30 @@ void paged_attention_rows(
   const float* v_base = value_cache.data_ptr<float>();
   const int32_t* tables = block_tables.data_ptr<int32_t>();
   const float sc = static_cast<float>(scale);
-  const int64_t kv_heads = sh.kv_heads;
-  at::parallel_for(0, num_items * kv_heads, 1, [&](int64_t begin, int64_t end) {
+  // Units: an item of a few rows (decodes, verifications) takes all its KV heads
+  // in one, reading its K/V rows whole, where the items give each thread one
+  // (measured: reading rows whole beats finer units for balance), else it is
+  // split by KV heads; an item of more rows (a prompt), whose
+  // blocks are reused across its rows anyway, takes one KV head per unit, which
+  // keeps its scores small.
+  int64_t parts = 1;
+  while (num_items * parts < at::get_num_threads() && parts < sh.kv_heads) {
+    do ++parts; while (sh.kv_heads % parts != 0);
+  }
+  struct Unit {
+    int64_t item, h0, nh;
+  };
+  std::vector<Unit> units;
+  for (int64_t i = 0; i < num_items; ++i) {
+    const int64_t nh = its[4 * i + 1] <= kWholeRowsMaxRows ? sh.kv_heads / parts : 1;
+    for (int64_t h0 = 0; h0 < sh.kv_heads; h0 += nh) units.push_back({i, h0, nh});
+  }
+  const int64_t num_units = static_cast<int64_t>(units.size());
+  at::parallel_for(0, num_units, 1, [&](int64_t begin, int64_t end) {
     Scratch w;
-    for (int64_t unit = begin; unit < end; ++unit) {
-      attend_unit(its + 4 * (unit / kv_heads), unit % kv_heads, sh, sc, q_base, o_base, k_base,
-                  v_base, tables, w);
+    for (int64_t u = begin; u < end; ++u) {
+      attend_unit(its + 4 * units[u].item, units[u].h0, units[u].nh, sh, sc, q_base, o_base,
+                  k_base, v_base, tables, w);
     }
   });
 }

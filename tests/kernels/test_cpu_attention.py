@@ -163,9 +163,15 @@ def test_every_short_query_of_a_step_is_one_kernel_call(monkeypatch, native):
 @pytest.mark.parametrize("head_dim", [8, 12, 64, 128])
 @pytest.mark.parametrize("block_size", [1, 5, 16])
 @pytest.mark.parametrize("group", [1, 4])
-def test_the_kernel_on_any_head_dim_block_size_and_group(head_dim, block_size, group, native):
+@pytest.mark.parametrize("threads", [1, 8])
+def test_the_kernel_on_any_head_dim_block_size_and_group(
+    head_dim, block_size, group, threads, native
+):
     """Head dims the vector code takes (multiples of 8) and one it does not (12),
-    blocks shorter than its 8-key steps, and grouped-query ratios."""
+    blocks shorter than its 8-key steps, and grouped-query ratios; on one thread
+    (a short item's KV heads in one unit) and on eight (more threads than items: a
+    unit per KV head)."""
+    torch.set_num_threads(threads)
     g = torch.Generator().manual_seed(head_dim * 100 + block_size * 10 + group)
     seq_lens = [1, 7, 8, 9, 33, 130]
     q_lens = [1, 7, 2, 1, 3, 1]
@@ -174,6 +180,32 @@ def test_the_kernel_on_any_head_dim_block_size_and_group(head_dim, block_size, g
     args = (case.key_cache, case.value_cache, case.block_tables, starts, case.seq_lens)
     out = cpu_attention.paged_attention_prefill(query, *args, head_dim**-0.5)
     assert_close(out, expected, torch.float32)
+
+
+@pytest.mark.parametrize("block_size", [5, 16])
+@pytest.mark.parametrize("threads", [1, 8])
+def test_the_kernel_over_contexts_of_several_chunks(monkeypatch, block_size, threads, native):
+    """Contexts past the kernel's chunk of keys (a softmax carried across chunks), keys
+    growing along each sequence so that later chunks' scores top the earlier ones',
+    a verification whose rows straddle a chunk's end, and a prompt whose rows see one
+    chunk or two (blocks of 5: chunks of 1,020 keys); units of both KV heads (one
+    thread) and of one (eight threads)."""
+    torch.set_num_threads(threads)
+    monkeypatch.setattr(cpu_attention, "NATIVE_PAIRS", 2**22)  # the prompt too
+    g = torch.Generator().manual_seed(block_size)
+    seq_lens = [1030, 2050, 3000, 1500]
+    q_lens = [1, 6, 1, 1500]
+    case = make_case(seq_lens, 2, 64, block_size, torch.float32, g)
+    for k, slots in zip(case.keys, case.slots):
+        k.mul_(torch.linspace(0.5, 2.0, len(k)).view(-1, 1, 1))
+        case.key_cache.view(-1, *k.shape[1:])[slots] = k
+    query, starts, expected = prefill_inputs(case, q_lens, 4, g)
+    calls = _calls(monkeypatch)
+    out = cpu_attention.paged_attention_prefill(
+        query, case.key_cache, case.value_cache, case.block_tables, starts, case.seq_lens, 0.125
+    )
+    assert_close(out, expected, torch.float32)
+    assert not calls  # every item through the kernel
 
 
 def test_the_kernel_rejects_items_past_their_table(native):
