@@ -3,9 +3,10 @@
 Arguments go to pytest, e.g. ``python -m tests -k scheduler``;
 ``python -m tests --quick`` runs the everyday subset (no integration or slow tests),
 spread over this machine's cores (pytest-xdist, one worker per core, each on its
-share of torch's threads) unless the arguments say ``-n``/``-p no:xdist``. The whole
-suite runs in one process: its integration tests compare a run's speed with a
-profile's minutes apart, which another worker's load beside them would skew.
+share of torch's threads) unless the arguments say ``-n`` (``-n 0``: one process,
+as ``--pdb`` needs) or ``-p no:xdist``. The whole suite runs in one process: its
+integration tests compare a run's speed with a profile's minutes apart, which
+another worker's load beside them would skew.
 """
 
 import sys
