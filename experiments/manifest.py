@@ -62,6 +62,15 @@ def _checkout() -> tuple[str | None, bool | None]:
 _AT_START = _checkout()
 
 
+def _shown(path: Path) -> str:
+    """A profile's path as a manifest records it: relative to the checkout where it
+    lies inside (no machine's folder names in a committed result), else as given."""
+    try:
+        return path.resolve().relative_to(ROOT).as_posix()
+    except ValueError:
+        return str(path)
+
+
 def write_manifest(
     folder: Path,
     command: str | None = None,
@@ -84,7 +93,7 @@ def write_manifest(
         **moved,
         command=command or shlex.join(sys.orig_argv),
         host=dict(name=platform.node(), cpu=cpu(), platform=platform.platform()),
-        profile_sha1={str(p): sha1(p) for p in sorted(set(map(Path, profiles)))},
+        profile_sha1={_shown(p): sha1(p) for p in sorted(set(map(Path, profiles)))},
         date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **extra,
     )

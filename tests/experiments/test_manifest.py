@@ -26,6 +26,12 @@ def test_a_manifest_records_commit_command_host_profiles_and_date(tmp_path):
     assert json.loads(write_manifest(tmp_path / "again").read_text())["command"]
 
 
+def test_a_profile_in_the_checkout_is_recorded_by_its_path_in_it(tmp_path):
+    profile = ROOT / "profiles" / "cpu1" / "dummy-llama.csv"
+    path = write_manifest(tmp_path, "x", [profile.resolve()])
+    assert list(json.loads(path.read_text())["profile_sha1"]) == ["profiles/cpu1/dummy-llama.csv"]
+
+
 def test_the_profiles_a_fidelity_result_was_simulated_with_are_read_from_its_meta(tmp_path):
     source = (
         "profile dummy-llama.csv (cpu, 2026-12-04; sha1 0123456789; level 1.0054, the replay's)"
