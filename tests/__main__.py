@@ -29,18 +29,16 @@ def _workers(args: list[str]) -> list[str]:
     core and the arguments choose nothing themselves; else nothing (one process)."""
     if "--quick" not in args:
         return []
-    chosen = any(
-        a in ("-n", "--numprocesses", "no:xdist") or a.startswith(("-n", "--numprocesses="))
-        for a in args
-    )
-    if chosen:
+    if any(a == "no:xdist" or a.startswith(("-n", "--numprocesses")) for a in args):
         return []
     try:
         import xdist  # noqa: F401
     except ImportError:
         return []
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return ["-n", str(cores)] if cores and cores > 1 else []
+    from testbed.host import usable_cores
+
+    cores = usable_cores()
+    return ["-n", str(cores)] if cores > 1 else []
 
 
 os.chdir(ROOT)

@@ -6,6 +6,8 @@ import os
 
 import pytest
 
+from testbed.host import usable_cores
+
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 
@@ -14,8 +16,7 @@ def pytest_configure(config):
     it starts), so that N workers do not each spin a thread per core."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
-        share = max(1, (cores or 1) // workers)
+        share = max(1, usable_cores() // workers)
         os.environ["OMP_NUM_THREADS"] = str(share)
         import torch
 

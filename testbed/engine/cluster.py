@@ -15,7 +15,6 @@ returns what it measured.
 
 from __future__ import annotations
 
-import os
 import queue
 import socket
 import time
@@ -35,6 +34,7 @@ from testbed.engine.args import EngineArgs
 from testbed.engine.device import pick_device
 from testbed.engine.worker import worker_main
 from testbed.errors import InputError
+from testbed.host import usable_cores
 from testbed.metrics import RunResult, StepLog
 
 START_TIMEOUT_S = 600.0  # a worker that has not built its engine by then has failed
@@ -79,8 +79,7 @@ def worker_args(args: EngineArgs, num_replicas: int, index: int) -> EngineArgs:
     if device.type == "cuda" and device.index is None:
         return replace(args, device=f"cuda:{index % torch.cuda.device_count()}")
     if args.threads is None and device.type == "cpu":
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
-        return replace(args, threads=max(1, cores // num_replicas))
+        return replace(args, threads=max(1, usable_cores() // num_replicas))
     return args
 
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import os
 import platform
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
+
+from testbed.host import cpu_fields
 
 
 def pick_device(device: str | None) -> torch.device:
@@ -53,13 +54,9 @@ def cpu_name() -> str:
     """The host CPU's model name and widest vector extension (Linux; what
     ``platform`` knows elsewhere): two VMs of one kind may differ 2-3x in a small
     model's step time (an AVX-512 CPU against an AVX2 one)."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
+    fields = cpu_fields()
+    if not fields:
         return platform.processor() or platform.machine()
-    first = info.split("\n\n", 1)[0]  # the first processor's block
-    fields = dict(line.split(":", 1) for line in first.splitlines() if ":" in line)
-    fields = {k.strip(): v.strip() for k, v in fields.items()}
     flags = set(fields.get("flags", "").split())
     vector = next((f for f in ("avx512f", "avx2", "avx", "neon") if f in flags), "")
     name = fields.get("model name") or platform.machine()

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from testbed.host import cpu_fields
+
 SOURCE = Path(__file__).with_name("cpu_paged_attention.cpp")
 
 
@@ -33,14 +35,9 @@ def _build_name() -> str:
     """The build's name: one per CPU feature set, since ``-march=native`` code may
     not run on another CPU and torch's build cache (often a home folder that
     machines share) is keyed on the name and the source only."""
-    try:
-        flags = next(
-            line
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith(("flags", "Features"))
-        )
-    except (OSError, StopIteration):
-        flags = platform.processor() or platform.machine()
+    fields = cpu_fields()
+    flags = fields.get("flags") or fields.get("Features") or platform.processor()
+    flags = flags or platform.machine()
     return f"testbed_cpu_{hashlib.sha1(flags.encode()).hexdigest()[:10]}"
 
 

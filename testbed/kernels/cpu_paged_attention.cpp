@@ -12,8 +12,8 @@
 // exponentials against the running maximum per query vector (online softmax:
 // earlier chunks' sums and outputs rescaled when it rises), the weighted sum of
 // V. So a unit holds at most rows x query heads x kChunkKeys scores, whatever
-// its context. Units run on torch's intra-op threads
-// (at::parallel_for), so torch.set_num_threads holds.
+// its context. Units run on torch's intra-op threads (at::parallel_for), so
+// torch.set_num_threads holds.
 //
 // float32 only; query and out need their last dimension contiguous, the caches
 // to be contiguous. Rows not in any item are left as they are.
@@ -239,7 +239,9 @@ struct Shapes {
 // the scores a unit holds; a context of a few hundred tokens is one chunk.
 constexpr int64_t kChunkKeys = 1024;
 
-// Items of at most this many query rows may take all their KV heads in one unit.
+// Items of at most this many query rows (decodes, verifications: the rows the
+// Python route, cpu_attention.NATIVE_ROWS, always sends here) may take all their
+// KV heads in one unit.
 constexpr int64_t kWholeRowsMaxRows = 16;
 
 struct Scratch {
