@@ -13,6 +13,7 @@ from typing import Any
 from unittest import mock
 
 from experiments.manifest import cpu, git
+from testbed.hardware import HardwareSpec, gpu_entry, spec_sheet
 
 
 def write_results(out: str | Path, benchmark: str, rows: list[dict], **meta: Any) -> Path:
@@ -40,3 +41,13 @@ def kernel_route(backend: str):
     if backend == "cpu-torch":
         return mock.patch.dict(os.environ, {"TESTBED_CPU_KERNEL": "torch"})
     return contextlib.nullcontext()
+
+
+def gpu_sheet() -> tuple[str, HardwareSpec | None]:
+    """This process's CUDA device by name, and its spec sheet where
+    ``conf/hardware`` has an entry for it (the benchmarks' peaks)."""
+    import torch
+
+    name = torch.cuda.get_device_name()
+    entry = gpu_entry(name)
+    return name, spec_sheet(entry) if entry else None

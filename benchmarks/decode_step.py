@@ -24,15 +24,13 @@ import statistics
 import time
 
 import torch
-from common import write_results
+from common import gpu_sheet, write_results
 
 from testbed.engine.device import pick_dtype
 from testbed.engine.factory import engine_model
 from testbed.engine.model import AttentionMetadata
 from testbed.engine.weights import build_model
 from testbed.kernels import select_backend
-
-BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.039e12}
 
 
 def step_time(model, backend, batch: int, context: int, block: int, device, repeats: int):
@@ -109,8 +107,8 @@ def main() -> None:
     model = build_model(cfg, None, pick_dtype(None, device), device)
     backend = select_backend(args.backend, device)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    bw = next((v for k, v in BANDWIDTH.items() if k in gpu), None)
+    gpu, sheet = gpu_sheet() if device.type == "cuda" else ("cpu", None)
+    bw = sheet.mem_bandwidth if sheet else None
     rows = []
     print(f"{name} on {gpu}: {weights / 1e9:.2f} GB of weights, context {args.context}")
     print(f"{'batch':>6} {'step ms':>9} {'roofline ms':>12} {'GB/s':>8} {'% roofline':>11}")

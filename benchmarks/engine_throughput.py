@@ -22,8 +22,9 @@ floor of the run (every decode step reads all weights once);
 ``benchmarks/decode_step.py`` measures the achieved bandwidth per step.
 
     python benchmarks/engine_throughput.py [--workloads nano short] [--repeats 3] [--out ...json]
+    # a GPU: nano-vllm's workload on Qwen3-0.6B; transformers on 64 of the requests
     python benchmarks/engine_throughput.py --model qwen3-0.6b --requests 256 \\
-        --prompt 512 512 --output 128 128 --max-num-seqs 256 --hf-batch 64   # a GPU
+        --max-num-seqs 256 --hf-requests 64 --hf-batch 64
 """
 
 from __future__ import annotations
@@ -34,14 +35,12 @@ import statistics
 import time
 
 import torch
-from common import kernel_route, write_results
+from common import gpu_sheet, kernel_route, write_results
 from step_breakdown import PARTS, StepBreakdown
 
 from testbed.core import SamplingParams
 from testbed.engine.llm import LLM
 from testbed.kernels import describe
-
-HBM = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.039e12}
 
 SHORT_MODEL = {
     "name": "dummy-llama-8l-512",
@@ -143,12 +142,21 @@ def sync() -> None:
 
 
 def run_workload(
-    name: str, backends: list[str], hf_batch: int | None, repeats: int, max_num_seqs: int = 64
+    name: str,
+    backends: list[str],
+    hf_batch: int | None,
+    repeats: int,
+    max_num_seqs: int = 64,
+    hf_requests: int | None = None,
+    gpu_memory_utilization: float = 0.5,
 ) -> list[dict]:
     """Each engine ``repeats`` times, in rounds (ours with each backend, then
     transformers), so that a drift of the machine's speed reaches all alike; each
     engine's median time, and every round's speed-up against that round's
-    transformers run."""
+    transformers run. transformers runs the first ``hf_requests`` requests (all by
+    default; the workload is drawn at random, so they are a sample of it) and the
+    speed-ups compare output tokens per second. On CUDA our engine's KV cache takes
+    ``gpu_memory_utilization`` of the card, leaving transformers room beside it."""
     spec = WORKLOADS[name]
     llms = {}
     for backend in backends:
@@ -157,12 +165,15 @@ def run_workload(
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=4096,
             attention_backend=backend.removesuffix("-torch"),
+            gpu_memory_utilization=gpu_memory_utilization,
         )
     llm = llms[backends[-1]]
     prompts, outputs = workload(
         spec["requests"], spec["prompt"], spec["output"], llm.config.vocab_size, 0
     )
-    batch = hf_batch or spec["requests"]
+    n_hf = min(hf_requests or len(prompts), len(prompts))
+    hf_prompts, hf_outputs = prompts[:n_hf], outputs[:n_hf]
+    batch = hf_batch or n_hf
     hf = hf_model_like(llm)
     run_hf(hf, prompts[:4], [8] * 4, 4)  # warm-up
     times: dict[str, list[float]] = {b: [] for b in [*backends, "hf"]}
@@ -178,7 +189,7 @@ def run_workload(
                     breakdowns.setdefault(backend, breakdown.summary())  # the first round's
                 else:
                     times[backend].append(run_ours(llms[backend], prompts, outputs)[0])
-        times["hf"].append(run_hf(hf, prompts, outputs, batch))
+        times["hf"].append(run_hf(hf, hf_prompts, hf_outputs, batch))
     rows = [
         dict(
             workload=name,
@@ -186,7 +197,10 @@ def run_workload(
             attention_backend=routes[backend],
             seconds=statistics.median(times[backend]),
             rounds_s=times[backend],
-            speedup_by_round=[h / t for h, t in zip(times["hf"], times[backend], strict=True)],
+            speedup_by_round=[
+                sum(outputs) / t / (sum(hf_outputs) / h)
+                for h, t in zip(times["hf"], times[backend], strict=True)
+            ],
             breakdown=breakdowns.get(backend, {}),
         )
         for backend in backends
@@ -194,48 +208,52 @@ def run_workload(
     rows.append(
         dict(
             workload=name,
-            engine=f"hf generate (batch {batch})",
+            engine=f"hf generate (batch {batch})"
+            + (f", {n_hf} of {len(prompts)} requests" if n_hf < len(prompts) else ""),
             seconds=statistics.median(times["hf"]),
             rounds_s=times["hf"],
+            requests_run=n_hf,
+            output_tokens=sum(hf_outputs),
         )
     )
-    hf_s = rows[-1]["seconds"]
-    tokens = sum(outputs)
+    hf_tok_s = sum(hf_outputs) / rows[-1]["seconds"]
     for row in rows:
+        row.setdefault("requests_run", len(prompts))
+        row.setdefault("output_tokens", sum(outputs))
         row |= dict(
             model=spec["model"] if isinstance(spec["model"], str) else spec["model"]["name"],
             device=str(llm.executor.device),
             requests=spec["requests"],
             prompt=list(spec["prompt"]),
             output=list(spec["output"]),
-            output_tokens=tokens,
-            tok_s=tokens / row["seconds"],
-            speedup_vs_hf=hf_s / row["seconds"],
-            padding_bound=padding_bound(prompts, outputs, batch),
+            tok_s=row["output_tokens"] / row["seconds"],
+            speedup_vs_hf=row["output_tokens"] / row["seconds"] / hf_tok_s,
+            padding_bound=padding_bound(hf_prompts, hf_outputs, batch),
             torch=torch.__version__,
             threads=torch.get_num_threads(),
         )
     if torch.cuda.is_available():
-        name = torch.cuda.get_device_name()
-        peak = next((v for k, v in HBM.items() if k in name), None)
+        name, sheet = gpu_sheet()
+        peak = sheet.mem_bandwidth if sheet else None
         weights = sum(p.numel() * p.element_size() for p in llm.executor.model.parameters())
         for row in rows:
             row |= dict(gpu=name, weight_bytes=weights)
             if peak:  # decode roofline: every step reads all weights once
-                row["decode_roofline_s_floor"] = max(outputs) * weights / peak
+                longest = max(outputs[: row["requests_run"]])
+                row["decode_roofline_s_floor"] = longest * weights / peak
     return rows
 
 
 def print_table(rows: list[dict]) -> None:
     print(
-        f"{'workload':9} {'engine':24} {'seconds':>8} {'out tok/s':>10} {'vs hf':>6} "
+        f"{'workload':9} {'engine':40} {'seconds':>8} {'out tok/s':>10} {'vs hf':>6} "
         f"{'by round':>12} {'pad':>5}"
     )
     for r in rows:
         rounds = r.get("speedup_by_round", [])
         spread = f"{min(rounds):.2f}-{max(rounds):.2f}" if rounds else ""
         print(
-            f"{r['workload']:9} {r['engine']:24} {r['seconds']:>8.2f} {r['tok_s']:>10.1f} "
+            f"{r['workload']:9} {r['engine']:40} {r['seconds']:>8.2f} {r['tok_s']:>10.1f} "
             f"{r['speedup_vs_hf']:>5.2f}x {spread:>12} {r['padding_bound']:>5.2f}"
         )
     print("\nshare of step time (ours), all steps / decode-only steps:")
@@ -266,7 +284,19 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, nargs=2, default=[100, 1024], help="(custom workload)")
     ap.add_argument("--output", type=int, nargs=2, default=[100, 1024], help="(custom workload)")
     ap.add_argument("--max-num-seqs", type=int, default=64)
-    ap.add_argument("--hf-batch", type=int, default=None, help="default: all requests")
+    ap.add_argument("--hf-batch", type=int, default=None, help="default: all it runs")
+    ap.add_argument(
+        "--hf-requests",
+        type=int,
+        default=None,
+        help="transformers runs only the first N requests (default: all); compared by tok/s",
+    )
+    ap.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.5,
+        help="on CUDA, our engine's share of the card (transformers runs beside it)",
+    )
     ap.add_argument("--repeats", type=int, default=1, help="rounds of every engine")
     ap.add_argument("--out", default="benchmarks/results/engine_throughput.json")
     args = ap.parse_args()
@@ -280,7 +310,15 @@ def main() -> None:
         args.workloads = ["custom"]
     rows = []
     for name in args.workloads:
-        rows += run_workload(name, args.backends, args.hf_batch, args.repeats, args.max_num_seqs)
+        rows += run_workload(
+            name,
+            args.backends,
+            args.hf_batch,
+            args.repeats,
+            args.max_num_seqs,
+            args.hf_requests,
+            args.gpu_memory_utilization,
+        )
     print_table(rows)
     write_results(args.out, "engine_throughput", rows, backends=args.backends, repeats=args.repeats)
 

@@ -2,7 +2,8 @@
 
 Decode (``testbed.kernels.triton_kernels.paged_attention_decode``): achieved HBM bandwidth,
 counting the K and V bytes actually read (context tokens x KV heads x head dim x 2 x
-dtype bytes) plus query and output, against the H200's 4.8 TB/s, at batch 1, 16, 64,
+dtype bytes) plus query and output, against the card's HBM bandwidth (its
+``conf/hardware`` entry: 4.8 TB/s on an H200, 3.35 on an H100), at batch 1, 16, 64,
 256 and contexts 1k, 4k, 16k (every sequence at the full context), head dim 128, 8 KV
 heads, 32 query heads, bf16, blocks shuffled through the cache. The L2 cache is
 flushed before each timed call (a small batch's K/V would otherwise sit in it). The
@@ -26,13 +27,11 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from common import write_results
+from common import gpu_sheet, write_results
 
 from testbed.kernels import torch_attention as reference
 
 DEVICE = "cuda"
-PEAK_HBM_BYTES_S = 4.8e12  # H200
-PEAK_BF16_FLOP_S = 989e12  # H200 dense bf16 tensor cores
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 SCALE = HEAD_DIM**-0.5
 DTYPE = torch.bfloat16
@@ -81,7 +80,7 @@ def unpaged(cache: torch.Tensor, tables: torch.Tensor, seq_len: int) -> torch.Te
     return cache[tables.long()].flatten(1, 2)[:, :seq_len].transpose(1, 2).contiguous()
 
 
-def bench_decode(tk, args, flush, gen) -> list[dict]:
+def bench_decode(tk, args, flush, gen, peak_bytes_s: float | None) -> list[dict]:
     rows = []
     for ctx in DECODE_CONTEXTS:
         for batch in DECODE_BATCHES:
@@ -112,20 +111,20 @@ def bench_decode(tk, args, flush, gen) -> list[dict]:
                 time_us=seconds * 1e6,
                 bytes=kv_bytes + io_bytes,
                 bandwidth_gb_s=bandwidth / 1e9,
-                fraction_of_peak=bandwidth / PEAK_HBM_BYTES_S,
+                fraction_of_peak=bandwidth / peak_bytes_s if peak_bytes_s else None,
             )
             rows.append(row)
             print(
                 f"decode  batch {batch:4d}  context {ctx:6d}  splits {splits:2d}  "
-                f"{seconds * 1e6:9.1f} us  {bandwidth / 1e9:7.0f} GB/s  "
-                f"{bandwidth / PEAK_HBM_BYTES_S:6.1%} of 4.8 TB/s"
+                f"{seconds * 1e6:9.1f} us  {bandwidth / 1e9:7.0f} GB/s"
+                + (f"  {bandwidth / peak_bytes_s:6.1%} of peak" if peak_bytes_s else "")
                 + (f"  err {row['max_abs_err']:.1e}" if "max_abs_err" in row else "")
             )
             del kc, vc, tables, query
     return rows
 
 
-def bench_prefill(tk, args, gen) -> list[dict]:
+def bench_prefill(tk, args, gen, peak_flop_s: float | None) -> list[dict]:
     rows = []
     for num_seqs, q_len, prefix in PREFILL_SHAPES:
         n = prefix + q_len
@@ -167,7 +166,7 @@ def bench_prefill(tk, args, gen) -> list[dict]:
         row.update(
             time_us=seconds * 1e6,
             tflop_s=flops / seconds / 1e12,
-            fraction_of_peak=flops / seconds / PEAK_BF16_FLOP_S,
+            fraction_of_peak=flops / seconds / peak_flop_s if peak_flop_s else None,
             sdpa_time_us=sdpa_seconds * 1e6,
             sdpa_tflop_s=flops / sdpa_seconds / 1e12,
             speed_vs_sdpa=sdpa_seconds / seconds,
@@ -177,7 +176,8 @@ def bench_prefill(tk, args, gen) -> list[dict]:
         print(
             f"prefill {num_seqs} x {q_len:5d} new + {prefix:5d} cached  "
             f"{seconds * 1e3:8.2f} ms  {row['tflop_s']:6.1f} TFLOP/s "
-            f"({row['fraction_of_peak']:5.1%} of 989)  SDPA {row['sdpa_tflop_s']:6.1f} TFLOP/s  "
+            + (f"({row['fraction_of_peak']:5.1%} of peak)" if peak_flop_s else "")
+            + f"  SDPA {row['sdpa_tflop_s']:6.1f} TFLOP/s  "
             f"x{row['speed_vs_sdpa']:.2f}  err {err:.1e}"
         )
         del kc, vc, tables, query, k, v
@@ -201,11 +201,20 @@ def main() -> None:
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     flush = torch.empty(512 * 2**20, dtype=torch.uint8, device=DEVICE)  # > L2 (50 MB)
     props = torch.cuda.get_device_properties(0)
-    print(f"{props.name}: {props.multi_processor_count} SMs, torch {torch.__version__}")
-    rows = bench_decode(tk, args, flush, gen)
+    _, sheet = gpu_sheet()
+    peak_bytes_s, peak_flop_s = (sheet.mem_bandwidth, sheet.peak_flops) if sheet else (None, None)
+    print(
+        f"{props.name}: {props.multi_processor_count} SMs, torch {torch.__version__}; "
+        + (
+            f"peaks {peak_bytes_s / 1e12:.2f} TB/s, {peak_flop_s / 1e12:.0f} TFLOP/s ({sheet.name})"
+            if sheet
+            else "no conf/hardware entry: no peaks"
+        )
+    )
+    rows = bench_decode(tk, args, flush, gen, peak_bytes_s)
     del flush
     if not args.skip_prefill:
-        rows += bench_prefill(tk, args, gen)
+        rows += bench_prefill(tk, args, gen, peak_flop_s)
     write_results(
         args.out,
         "kernels_bench",
@@ -218,8 +227,9 @@ def main() -> None:
         heads=HEADS,
         kv_heads=KV_HEADS,
         head_dim=HEAD_DIM,
-        peak_hbm_bytes_s=PEAK_HBM_BYTES_S,
-        peak_bf16_flop_s=PEAK_BF16_FLOP_S,
+        hardware=sheet.name if sheet else None,
+        peak_hbm_bytes_s=peak_bytes_s,
+        peak_bf16_flop_s=peak_flop_s,
     )
 
 

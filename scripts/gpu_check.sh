@@ -3,40 +3,48 @@
 #
 #   scripts/gpu_check.sh OUT_DIR [SECONDS] [PARTS]
 #
-# Runs the PARTS (default tests,profile,fidelity,bench,spec), in this order and within
-# SECONDS (default 560) all told, each step cut short by its own limit and by
-# what is left:
+# Runs the PARTS (default tests,bench,profile,fidelity,spec), in this order and
+# within SECONDS (default 560) all told, each step cut short by its own limit and
+# by what is left, so that a lease has room to run the script again (with the
+# parts that failed or were cut):
 #   1. the CUDA tests (kernels against references at real shapes, engine backends agree)
-#   2. the profiler (its gpu grid, no point started after 120 s of it, so that
-#      the replay and the table still fit) on the Llama-3-8B shape: profiles/h200/llama3-8b.csv, the
-#      simulator's calibration on this GPU
-#   3. sim-vs-real fidelity with that profile (python -m experiments.fidelity: four
+#   2. the kernel benchmark (decode bandwidth against the card's, prefill against
+#      SDPA), the decode step of the Llama-3-8B shape against its memory roofline
+#      (batches 1-256: where small batches sit far from it, the host bounds them),
+#      and nano-vllm's workload (256 requests, inputs and outputs in [100, 1024])
+#      on the Qwen3-0.6B shape against transformers (on 64 of the requests)
+#   3. the profiler (its gpu grid, no point started after 90 s of it, so that the
+#      replay and the table still fit) on the Llama-3-8B shape:
+#      profiles/<hardware>/llama3-8b.csv, the simulator's calibration on this GPU
+#   4. sim-vs-real fidelity with that profile (python -m experiments.fidelity: four
 #      policies on Azure conv at 70% of capacity; needs Hydra and simpy, which
 #      a bare machine lacks: see below), its real runs and tables packed into
 #      fidelity.tgz, so that `python -m experiments.fidelity --reuse` re-simulates them anywhere
-#   4. the kernel, decode-step and offline-throughput benchmarks
 #   5. speculative decoding on stories260K (benchmarks/spec_decode.py: each proposer
 #      at batch 1-256, real and simulated from a quick profile of it on this GPU)
-# The machine's python3 needs torch, triton, transformers, safetensors, pyyaml,
-# numpy, pandas, matplotlib and pytest. Where .devsite/site exists its packages
-# (copies of hydra, omegaconf, antlr4, simpy: pure Python) go on PYTHONPATH, and
-# .devsite/traces serves as TESTBED_TRACES_DIR (copies of the shared traces; the
-# folder is git-ignored and never committed). Writes at most eight files into
-# OUT_DIR: run.log (everything printed), h200-llama3-8b.csv (or, stopped at its
-# limit, the points it measured: h200-llama3-8b.partial.csv), fidelity.tgz and the
-# benchmarks' JSON. Commit the JSON with the date and device under
-# benchmarks/results/<device>/, and the profile as profiles/h200/llama3-8b.csv.
+# <hardware> is the conf/hardware entry of the GPU by its name (h200, h100, a100;
+# testbed.hardware.gpu_entry), or GPU_CHECK_HARDWARE; on a GPU with no entry the
+# profile and fidelity parts are skipped. The machine's python3 needs torch,
+# triton, transformers, safetensors, pyyaml, numpy, pandas, matplotlib and pytest.
+# Where .devsite/site exists its packages (copies of hydra, omegaconf, antlr4,
+# simpy: pure Python) go on PYTHONPATH, and .devsite/traces serves as
+# TESTBED_TRACES_DIR (copies of the shared traces; the folder is git-ignored and
+# never committed; scripts/prepare_devsite.sh makes it). Writes at most eight
+# files into OUT_DIR: run.log (everything printed), <hardware>-llama3-8b.csv (or,
+# stopped at its limit, the points it measured: <hardware>-llama3-8b.partial.csv),
+# fidelity.tgz and the benchmarks' JSON. Commit the JSON with the date and device
+# under benchmarks/results/<hardware>/, and the profile as
+# profiles/<hardware>/llama3-8b.csv.
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_check.sh OUT_DIR [SECONDS] [PARTS]}
 BUDGET=${2:-560}
-PARTS=,${3:-tests,profile,fidelity,bench,spec},
+PARTS=,${3:-tests,bench,profile,fidelity,spec},
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 cd "$(dirname "$0")/.." || exit 1
 export PYTHONUNBUFFERED=1 TESTBED_NO_BOOTSTRAP=1 MPLBACKEND=Agg
 PY=${PYTHON:-python3}
 MODEL=${GPU_CHECK_MODEL:-llama3-8b}
-HW=${GPU_CHECK_HARDWARE:-h200}
 # The project from this checkout (no bootstrap here, so nothing installs it).
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 [ -d .devsite/site ] && export PYTHONPATH=$PWD/.devsite/site${PYTHONPATH:+:$PYTHONPATH}
@@ -66,32 +74,52 @@ step() {
 date -u
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 "$PY" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+HW=${GPU_CHECK_HARDWARE:-$("$PY" -c "import torch
+from testbed.hardware import gpu_entry
+print(gpu_entry(torch.cuda.get_device_name()) or '')")}
+echo "hardware entry: ${HW:-none (set GPU_CHECK_HARDWARE)}"
+# Llama-3-8B's KV blocks for the fidelity runs: most of what the card leaves
+# after its weights, not all (the runs share one process, each freeing the last
+# one's cache before it builds its own). A block of 16 tokens is 2 MiB.
+case $HW in
+  h200) KV_BLOCKS=32768 ;;  # 69 GB
+  *) KV_BLOCKS=16384 ;;  # 34 GB, for an 80 GB card
+esac
+KV_BLOCKS=${GPU_CHECK_KV_BLOCKS:-$KV_BLOCKS}
 
 if [[ $PARTS == *,tests,* ]]; then
-  step "CUDA tests" 110 "$PY" -m pytest -q -m gpu -p no:cacheprovider \
+  step "CUDA tests" 90 "$PY" -m pytest -q -m gpu -p no:cacheprovider \
     --continue-on-collection-errors tests/kernels tests/engine
 fi
 
+if [[ $PARTS == *,bench,* ]]; then
+  step "kernels" 50 "$PY" benchmarks/kernels_bench.py --out "$OUT/kernels_bench.json"
+  step "decode step, $MODEL shape" 40 "$PY" benchmarks/decode_step.py --model "$MODEL" \
+    --batch 1 8 64 256 --context 1024 --out "$OUT/decode_step.json"
+  step "nano-vllm's workload on the Qwen3-0.6B shape against transformers" 120 \
+    "$PY" benchmarks/engine_throughput.py --model qwen3-0.6b --requests 256 \
+    --prompt 100 1024 --output 100 1024 --max-num-seqs 256 --hf-requests 64 --hf-batch 64 \
+    --out "$OUT/engine_throughput.json"
+fi
+
 PROFILE=profiles/$HW/$MODEL.csv
-if [[ $PARTS == *,profile,* ]]; then
-  step "profile of $MODEL on $HW" 240 "$PY" -m testbed.profiling --model "$MODEL" \
+if [[ $PARTS == *,profile,* ]] && [ -n "$HW" ]; then
+  step "profile of $MODEL on $HW" 180 "$PY" -m testbed.profiling --model "$MODEL" \
     --hardware "$HW" --grid "${GPU_CHECK_GRID:-auto}" --repeats 5 --replay-requests 40 \
-    --max-grid-seconds 120 --out profiles && cp "$PROFILE" "$OUT/$HW-$MODEL.csv" ||
+    --max-grid-seconds 90 --out profiles && cp "$PROFILE" "$OUT/$HW-$MODEL.csv" ||
     cp "profiles/$HW/$MODEL.partial.csv" "$OUT/$HW-$MODEL.partial.csv"
 fi
 
 if [[ $PARTS == *,fidelity,* ]] && [ -f "$PROFILE" ] && "$PY" -c "import hydra, simpy" 2>/dev/null; then
   FID=$(mktemp -d)
   # The engine's default batch limit (256, the largest decode batch of the gpu
-  # grid); a fixed KV cache of 32768 blocks (524k tokens, 69 GB of Llama-3-8B's;
-  # not most of the card: the runs share one process, each freeing the last
-  # one's before it builds its own); the trace's tenants and priority classes
+  # grid); a fixed KV cache (above); the trace's tenants and priority classes
   # for vtc and priority.
   step "sim-vs-real fidelity" 200 "$PY" -m experiments.fidelity \
     --policies fcfs priority sjf vtc --traces azure_conv \
     --num-requests "${GPU_CHECK_REQUESTS:-200}" \
     --extra "hardware=$HW" "model=$MODEL" engine.max_num_seqs=256 \
-    engine.num_kv_blocks=32768 trace.num_tenants=4 trace.priority_classes=3 \
+    engine.num_kv_blocks="$KV_BLOCKS" trace.num_tenants=4 trace.priority_classes=3 \
     --runs "$FID/runs" --out "$FID/tables" --wandb disabled
   tar -czf "$OUT/fidelity.tgz" --exclude='capacity-*' -C "$FID" . &&
     echo "packed $(du -h "$OUT/fidelity.tgz" | cut -f1)"
@@ -99,17 +127,8 @@ else
   echo "== sim-vs-real fidelity: skipped (not asked for, no profile, or no hydra/simpy)"
 fi
 
-if [[ $PARTS == *,bench,* ]]; then
-  step "kernels" 60 "$PY" benchmarks/kernels_bench.py --out "$OUT/kernels_bench.json"
-  step "decode step, $MODEL shape" 45 "$PY" benchmarks/decode_step.py --model "$MODEL" \
-    --batch 1 64 256 --context 1024 --out "$OUT/decode_step.json"
-  step "offline throughput against transformers, Qwen3-0.6B shape, 512 in / 128 out" 120 \
-    "$PY" benchmarks/engine_throughput.py --model qwen3-0.6b --requests 256 \
-    --prompt 512 512 --output 128 128 --max-num-seqs 256 --hf-batch 64 \
-    --out "$OUT/engine_throughput.json"
-fi
 if [[ $PARTS == *,spec,* ]]; then
-  step "speculative decoding, stories260K" 150 "$PY" benchmarks/spec_decode.py \
-    --batches 1 4 16 64 256 --repeats 3 --hardware "$HW" --out "$OUT/spec_decode.json"
+  step "speculative decoding, stories260K" 120 "$PY" benchmarks/spec_decode.py \
+    --batches 1 4 16 64 256 --repeats 3 --hardware "${HW:-h200}" --out "$OUT/spec_decode.json"
 fi
 echo "done after $SECONDS s: $(ls "$OUT")"

@@ -7,6 +7,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+import yaml
+
+from testbed.models import PROJECT_ROOT
+
+HARDWARE_CONFIGS = PROJECT_ROOT / "conf" / "hardware"
+# Cards with an entry in conf/hardware, by the name torch.cuda.get_device_name
+# gives them; the entries describe the SXM parts with the most memory.
+_GPU_ENTRIES = (("H200", "h200"), ("H100", "h100"), ("A100", "a100"))
+_OTHER_PARTS = ("PCIe", "NVL", "40GB")  # other bandwidths than their entry's
+
 
 @dataclass(slots=True)
 class HardwareSpec:
@@ -46,3 +56,32 @@ class HardwareSpec:
                 raise ValueError(
                     f"hardware {self.name}: {name} must be a number >= 0, got {value!r}"
                 )
+
+
+def gpu_entry(gpu_name: str) -> str | None:
+    """The ``conf/hardware`` entry describing a GPU by its reported name
+    ("NVIDIA H100 80GB HBM3" -> "h100"), or None where none does: a GPU check
+    labels its profile and results with it, and the benchmarks take its peaks."""
+    if any(part in gpu_name for part in _OTHER_PARTS):
+        return None
+    return next((entry for key, entry in _GPU_ENTRIES if key in gpu_name), None)
+
+
+def spec_sheet(entry: str) -> HardwareSpec:
+    """``conf/hardware/<entry>.yaml`` read without Hydra (the device machine has none)."""
+    return HardwareSpec.from_config(_entry_fields(entry))
+
+
+def _entry_fields(entry: str) -> dict[str, Any]:
+    """An entry's fields over those of the entries its ``defaults`` list names
+    (the schema's defaults are HardwareSpec's own)."""
+    path = HARDWARE_CONFIGS / f"{entry}.yaml"
+    if not path.exists():
+        known = sorted(p.stem for p in HARDWARE_CONFIGS.glob("*.yaml"))
+        raise FileNotFoundError(f"no hardware config {path} (known: {known})")
+    own = yaml.safe_load(path.read_text())
+    merged: dict[str, Any] = {}
+    for parent in own.pop("defaults", []):
+        if isinstance(parent, str) and parent not in ("_self_", "base_hardware"):
+            merged |= _entry_fields(parent)
+    return merged | own
