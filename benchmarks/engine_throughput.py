@@ -105,7 +105,9 @@ def hf_model_like(llm: LLM):
     config = transformers.AutoConfig.for_model(kind, **raw)
     model = getattr(transformers, arch)(config)
     state = {k: v for k, v in llm.executor.model.state_dict().items() if "rotary" not in k}
-    model.load_state_dict(state, strict=False)
+    missing = model.load_state_dict(state, strict=False).missing_keys
+    if missing:  # transformers would run them on random weights
+        raise RuntimeError(f"{arch}: our engine has no weights for {missing[:5]} ...")
     dtype = next(llm.executor.model.parameters()).dtype
     return model.to(device=llm.executor.device, dtype=dtype).eval()
 
