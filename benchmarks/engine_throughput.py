@@ -177,14 +177,15 @@ def run_workload(
     hf_prompts, hf_outputs = prompts[:n_hf], outputs[:n_hf]
     batch = hf_batch or n_hf
     hf = hf_model_like(llm)
-    run_hf(hf, prompts[:4], [8] * 4, 4)  # warm-up
+    warm = min(4, len(prompts))
+    run_hf(hf, prompts[:warm], [8] * warm, warm)  # warm-up
     times: dict[str, list[float]] = {b: [] for b in [*backends, "hf"]}
     breakdowns, routes = {}, {}
     for _ in range(repeats):
         for backend in backends:
             with kernel_route(backend):
                 routes[backend] = describe(llms[backend].executor.backend)
-                run_ours(llms[backend], prompts[:4], [8] * 4)  # warm-up
+                run_ours(llms[backend], prompts[:warm], [8] * warm)  # warm-up
                 if llms[backend].executor.device.type == "cpu":
                     with StepBreakdown(llms[backend]) as breakdown:
                         times[backend].append(run_ours(llms[backend], prompts, outputs)[0])

@@ -25,8 +25,10 @@
 # <hardware> is the conf/hardware entry of the GPU by its name (h200, h100, a100;
 # testbed.hardware.gpu_entry), or GPU_CHECK_HARDWARE; on a GPU with no entry the
 # profile and fidelity parts are skipped. The machine's python3 needs torch,
-# triton, transformers, safetensors, pyyaml, numpy, pandas, matplotlib and pytest.
-# Where .devsite/site exists its packages (copies of hydra, omegaconf, antlr4,
+# triton, transformers, safetensors, pyyaml, numpy, pandas, pyarrow, matplotlib,
+# pytest and hypothesis (the script names any missing at its start); the
+# fidelity and spec parts need hydra, omegaconf and simpy too, and are skipped
+# without them. Where .devsite/site exists its packages (copies of hydra, omegaconf, antlr4,
 # simpy: pure Python) go on PYTHONPATH, and .devsite/traces serves as
 # TESTBED_TRACES_DIR (copies of the shared traces; the folder is git-ignored and
 # never committed; scripts/prepare_devsite.sh makes it). Writes at most eight
@@ -76,11 +78,18 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 "$PY" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 HW=${GPU_CHECK_HARDWARE:-$("$PY" -c "import torch
 from testbed.hardware import gpu_entry
-print(gpu_entry(torch.cuda.get_device_name()) or '')")}
+print(gpu_entry(torch.cuda.get_device_name()) or '')" 2>/dev/null)}
 echo "hardware entry: ${HW:-none (set GPU_CHECK_HARDWARE)}"
-# Llama-3-8B's KV blocks for the fidelity runs: most of what the card leaves
-# after its weights, not all (the runs share one process, each freeing the last
-# one's cache before it builds its own). A block of 16 tokens is 2 MiB.
+"$PY" - <<'EOF'
+import importlib.util
+names = ("torch triton transformers safetensors yaml numpy pandas pyarrow matplotlib pytest "
+         "hypothesis hydra omegaconf simpy").split()
+missing = [n for n in names if importlib.util.find_spec(n) is None]
+print("missing packages:", " ".join(missing) if missing else "none")
+EOF
+# Llama-3-8B's KV blocks for the fidelity runs, one number for the real engine
+# and the simulator alike: room for the Azure conv load, well within what the
+# card leaves after the weights and activations. A block of 16 tokens is 2 MiB.
 case $HW in
   h200) KV_BLOCKS=32768 ;;  # 69 GB
   *) KV_BLOCKS=16384 ;;  # 34 GB, for an 80 GB card
@@ -110,10 +119,11 @@ if [[ $PARTS == *,profile,* ]] && [ -n "$HW" ]; then
     cp "profiles/$HW/$MODEL.partial.csv" "$OUT/$HW-$MODEL.partial.csv"
 fi
 
-if [[ $PARTS == *,fidelity,* ]] && [ -f "$PROFILE" ] && "$PY" -c "import hydra, simpy" 2>/dev/null; then
+if [[ $PARTS == *,fidelity,* ]] && [ -f "$PROFILE" ] &&
+  "$PY" -c "import hydra, simpy, pyarrow" 2>/dev/null; then
   FID=$(mktemp -d)
   # The engine's default batch limit (256, the largest decode batch of the gpu
-  # grid); a fixed KV cache (above); the trace's tenants and priority classes
+  # grid); the KV blocks above; the trace's tenants and priority classes
   # for vtc and priority.
   step "sim-vs-real fidelity" 200 "$PY" -m experiments.fidelity \
     --policies fcfs priority sjf vtc --traces azure_conv \
@@ -124,10 +134,12 @@ if [[ $PARTS == *,fidelity,* ]] && [ -f "$PROFILE" ] && "$PY" -c "import hydra, 
   tar -czf "$OUT/fidelity.tgz" --exclude='capacity-*' -C "$FID" . &&
     echo "packed $(du -h "$OUT/fidelity.tgz" | cut -f1)"
 else
-  echo "== sim-vs-real fidelity: skipped (not asked for, no profile, or no hydra/simpy)"
+  echo "== sim-vs-real fidelity: skipped (not asked for, no profile, or no hydra/simpy/pyarrow)"
 fi
 
-if [[ $PARTS == *,spec,* ]]; then
+if [[ $PARTS == *,spec,* ]] && ! "$PY" -c "import hydra, omegaconf" 2>/dev/null; then
+  echo "== speculative decoding: skipped (no hydra/omegaconf: scripts/prepare_devsite.sh)"
+elif [[ $PARTS == *,spec,* ]]; then
   step "speculative decoding, stories260K" 120 "$PY" benchmarks/spec_decode.py \
     --batches 1 4 16 64 256 --repeats 3 --hardware "${HW:-h200}" --out "$OUT/spec_decode.json"
 fi

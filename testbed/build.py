@@ -277,7 +277,12 @@ def link_spec(cfg: DictConfig) -> LinkSpec:
 def speed_trace(cfg: DictConfig) -> SpeedTrace | None:
     """The run's ``mode.speed_trace`` (a CSV; relative to the working directory), if any."""
     path = cfg.mode.speed_trace
-    return SpeedTrace.from_csv(Path(path).resolve()) if path else None
+    if not path:
+        return None
+    try:
+        return SpeedTrace.from_csv(Path(path).resolve())
+    except (ValueError, FileNotFoundError) as e:
+        raise InputError(f"mode.speed_trace={path}: {e}") from e
 
 
 def machine_speed(cfg: DictConfig, trace: SpeedTrace | None) -> SpeedTrace | None:

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from traces.schema import TraceError
+
 COLUMNS = ("start_s", "speed")
 
 
@@ -61,31 +63,38 @@ class SpeedTrace:
 
     @classmethod
     def from_csv(cls, path: str | Path) -> SpeedTrace:
-        """Read a trace; a bad file, row or field is named in the error."""
+        """Read a trace; a bad file, row or field is named in the error (rows
+        counted as in request traces: data rows from 1, with their line)."""
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"speed trace {path} does not exist")
-        lines, starts, speeds = [], [], []
-        with path.open(newline="") as f:
-            reader = csv.DictReader(row for row in f if not row.startswith("#"))
-            missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
-            if missing:
-                raise ValueError(f"{path}: no column {', '.join(missing)} (needs {COLUMNS})")
-            for line, row in enumerate(reader, start=2):
-                for field, values in zip(COLUMNS, (starts, speeds), strict=True):
-                    try:
-                        values.append(float(row[field]))
-                    except (TypeError, ValueError):
-                        raise ValueError(
-                            f"{path}, row {line}, field {field}: not a number: {row[field]!r}"
-                        ) from None
-                lines.append(line)
+        with path.open(newline="") as f:  # blank and comment lines skipped, numbers kept
+            kept = [(n, text) for n, text in enumerate(f, 1) if text.strip() and text[0] != "#"]
+        reader = csv.DictReader(text for _, text in kept)
+        missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
+        if missing:
+            raise TraceError(
+                str(path), f"no column {', '.join(missing)} (needs {COLUMNS})", row="header"
+            )
+        starts, speeds = [], []
+        for i, row in enumerate(reader):
+            for field, values in zip(COLUMNS, (starts, speeds), strict=True):
+                try:
+                    values.append(float(row[field]))
+                except (TypeError, ValueError):
+                    raise TraceError(
+                        str(path),
+                        f"not a number: {row[field]!r}",
+                        row=i + 1,
+                        line=kept[i + 1][0],
+                        field=field,
+                    ) from None
         if not starts:
-            raise ValueError(f"{path}: no rows")
+            raise TraceError(str(path), "no rows")
         bad = first_bad(starts, speeds)
         if bad is not None:
             i, field, problem = bad
-            raise ValueError(f"{path}, row {lines[i]}, field {field}: {problem}")
+            raise TraceError(str(path), problem, row=i + 1, line=kept[i + 1][0], field=field)
         return cls(starts, speeds, source=str(path))
 
     @classmethod

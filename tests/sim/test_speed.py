@@ -10,6 +10,7 @@ import pytest
 
 from policies import make_policy
 from testbed.core import EngineCore, KVCacheManager, Scheduler, SchedulerConfig
+from testbed.errors import InputError
 from testbed.sim.executor import SimExecutor
 from testbed.sim.simulator import Simulation
 from testbed.sim.speed import SpeedTrace
@@ -122,13 +123,15 @@ def test_a_csv_round_trips_and_comments_are_skipped(tmp_path):
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("start_s\n0\n", "no column speed"),
+        ("start_s\n0\n", "header: no column speed"),
         ("start_s,speed\n", "no rows"),
-        ("start_s,speed\n0,1\n10,fast\n", "row 3, field speed: not a number: 'fast'"),
-        ("start_s,speed\n0,1\n,2\n", "row 3, field start_s: not a number"),
-        ("start_s,speed\n0,1\n10,2\n10,3\n", "row 4, field start_s: 10.0 must be"),
-        ("start_s,speed\n0,1\n10,0\n", "row 3, field speed: 0.0 must be positive"),
-        ("start_s,speed\n0,nan\n", "row 2, field speed: nan must be positive"),
+        ("start_s,speed\n0,1\n10,fast\n", "row 2 (line 3), field 'speed': not a number: 'fast'"),
+        ("start_s,speed\n0,1\n,2\n", "row 2 (line 3), field 'start_s': not a number"),
+        ("start_s,speed\n0,1\n10,2\n10,3\n", "row 3 (line 4), field 'start_s': 10.0 must be"),
+        # comment and blank lines are not rows, but count as lines
+        ("# slow\nstart_s,speed\n0,1\n\n10,0\n", "row 2 (line 5), field 'speed': 0.0 must be"),
+        ("start_s,speed\n0,1\n10,0\n", "row 2 (line 3), field 'speed': 0.0 must be positive"),
+        ("start_s,speed\n0,nan\n", "row 1 (line 2), field 'speed': nan must be positive"),
     ],
 )
 def test_a_bad_speed_trace_names_its_file_row_and_field(tmp_path, text, message):
@@ -179,5 +182,9 @@ def test_a_run_with_a_speed_trace_says_so_and_slows_where_the_trace_does(tmp_pat
     assert len(twice) == len(steps) and (factor == 6.0).sum() > (factor == 2.0).sum()
     expected = factor * steps["latency_s"].to_numpy()
     assert twice["latency_s"].to_numpy() == pytest.approx(expected, rel=1e-6)
-    with pytest.raises(FileNotFoundError, match=r"missing\.csv"):
+    with pytest.raises(InputError, match=r"mode\.speed_trace=.*missing\.csv does not exist"):
         run(tmp_path, *one, f"mode.speed_trace={tmp_path / 'missing.csv'}", name="bad")
+    bad = tmp_path / "bad.csv"
+    bad.write_text("start_s,speed\n0,fast\n")
+    with pytest.raises(InputError, match=r"bad\.csv, row 1 \(line 2\), field 'speed'"):
+        run(tmp_path, *one, f"mode.speed_trace={bad}", name="bad-row")
