@@ -12,7 +12,8 @@
 #      SDPA), the decode step of the Llama-3-8B shape against its memory roofline
 #      (batches 1-256: where small batches sit far from it, the host bounds them),
 #      and nano-vllm's workload (256 requests, inputs and outputs in [100, 1024])
-#      on the Qwen3-0.6B shape against transformers (on 64 of the requests)
+#      on the Qwen3-0.6B shape against transformers (on 64 of the requests), and
+#      the same model at 512 in / 128 out, where vLLM reports 12.1K tok/s on an H100
 #   3. the profiler (its gpu grid, no point started after 90 s of it, so that the
 #      replay and the table still fit) on the Llama-3-8B shape:
 #      profiles/<hardware>/llama3-8b.csv, the simulator's calibration on this GPU
@@ -109,6 +110,10 @@ if [[ $PARTS == *,bench,* ]]; then
     "$PY" benchmarks/engine_throughput.py --model qwen3-0.6b --requests 256 \
     --prompt 100 1024 --output 100 1024 --max-num-seqs 256 --hf-requests 64 --hf-batch 64 \
     --out "$OUT/engine_throughput.json"
+  step "512 in / 128 out on the Qwen3-0.6B shape (vLLM's published H100 figure: 12.1K tok/s)" 60 \
+    "$PY" benchmarks/engine_throughput.py --model qwen3-0.6b --requests 256 \
+    --prompt 512 512 --output 128 128 --max-num-seqs 256 --hf-requests 64 --hf-batch 64 \
+    --out "$OUT/engine_throughput_512_128.json"
 fi
 
 PROFILE=profiles/$HW/$MODEL.csv
