@@ -24,7 +24,7 @@ import statistics
 import time
 
 import torch
-from common import write_results
+from common import llama_shape, write_results
 from step_breakdown import StepBreakdown
 
 from testbed.core import SamplingParams
@@ -33,26 +33,17 @@ from testbed.engine.llm import LLM
 from testbed.engine.model import AttentionMetadata
 
 BLOCK = 16
-TINY = {
-    "name": "tiny-llama-2l-64",
-    "hf_config": {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "head_dim": 32,
-        "vocab_size": 512,
-        "max_position_embeddings": 4096,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0,
-        "tie_word_embeddings": True,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-    },
-}
+TINY = llama_shape(
+    "tiny-llama-2l-64",
+    layers=2,
+    hidden=64,
+    intermediate=128,
+    heads=2,
+    kv_heads=1,
+    head_dim=32,
+    vocab=512,
+    max_len=4096,
+)
 
 
 def per_row(rows, block_size: int, device: torch.device):

@@ -51,3 +51,38 @@ def gpu_sheet() -> tuple[str, HardwareSpec | None]:
     name = torch.cuda.get_device_name()
     entry = gpu_entry(name)
     return name, spec_sheet(entry) if entry else None
+
+
+def llama_shape(
+    name: str,
+    *,
+    layers: int,
+    hidden: int,
+    intermediate: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    vocab: int,
+    max_len: int = 2048,
+) -> dict[str, Any]:
+    """A Llama of this shape with dummy weights, as ``LLM(model)`` takes it."""
+    return {
+        "name": name,
+        "hf_config": {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": hidden,
+            "intermediate_size": intermediate,
+            "num_hidden_layers": layers,
+            "num_attention_heads": heads,
+            "num_key_value_heads": kv_heads,
+            "head_dim": head_dim,
+            "vocab_size": vocab,
+            "max_position_embeddings": max_len,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0,
+            "tie_word_embeddings": True,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    }

@@ -35,33 +35,23 @@ import statistics
 import time
 
 import torch
-from common import gpu_sheet, kernel_route, write_results
+from common import gpu_sheet, kernel_route, llama_shape, write_results
 from step_breakdown import PARTS, StepBreakdown
 
 from testbed.core import SamplingParams
 from testbed.engine.llm import LLM
 from testbed.kernels import describe
 
-SHORT_MODEL = {
-    "name": "dummy-llama-8l-512",
-    "hf_config": {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": 512,
-        "intermediate_size": 1376,
-        "num_hidden_layers": 8,
-        "num_attention_heads": 8,
-        "num_key_value_heads": 4,
-        "head_dim": 64,
-        "vocab_size": 8000,
-        "max_position_embeddings": 2048,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0,
-        "tie_word_embeddings": True,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-    },
-}
+SHORT_MODEL = llama_shape(
+    "dummy-llama-8l-512",
+    layers=8,
+    hidden=512,
+    intermediate=1376,
+    heads=8,
+    kv_heads=4,
+    head_dim=64,
+    vocab=8000,
+)
 WORKLOADS = {
     "nano": dict(model="dummy-llama", requests=64, prompt=(100, 1024), output=(100, 1024)),
     "short": dict(model=SHORT_MODEL, requests=48, prompt=(32, 256), output=(16, 160)),

@@ -36,8 +36,9 @@ def _build_name() -> str:
     not run on another CPU and torch's build cache (often a home folder that
     machines share) is keyed on the name and the source only."""
     fields = cpu_fields()
-    flags = fields.get("flags") or fields.get("Features") or platform.processor()
-    flags = flags or platform.machine()
+    flags = (
+        fields.get("flags") or fields.get("Features") or platform.processor() or platform.machine()
+    )
     return f"testbed_cpu_{hashlib.sha1(flags.encode()).hexdigest()[:10]}"
 
 
