@@ -130,10 +130,18 @@ CLAIM = ".run"  # created when a run starts in a folder, so that no second run w
 SWEEP_ID = "TESTBED_SWEEP_ID"  # set by the sweep summary for its jobs (report/sweep.py)
 
 
-def claim(run_dir: Path) -> None:
+_AHEAD: set[Path] = set()  # folders claimed for the run this process is about to start
+
+
+def claim(run_dir: Path, ahead: bool = False) -> None:
     """Make ``run_dir`` this run's: create it and, atomically, its :data:`CLAIM`
     file (the sweep it belongs to, the process, the time). A folder another run
-    has claimed is refused: two runs' files would mix in it."""
+    has claimed is refused: two runs' files would mix in it. ``ahead``: claimed
+    before Hydra writes into it (``report/claim_callback.py``), for the run about
+    to start, whose own claim then takes it over once."""
+    if run_dir.resolve() in _AHEAD:
+        _AHEAD.discard(run_dir.resolve())
+        return
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
         fd = os.open(run_dir / CLAIM, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
@@ -146,6 +154,8 @@ def claim(run_dir: Path) -> None:
     with os.fdopen(fd, "w") as f:
         owner = {"sweep": os.environ.get(SWEEP_ID), "pid": os.getpid(), "started": time.time()}
         json.dump(owner, f)
+    if ahead:
+        _AHEAD.add(run_dir.resolve())
 
 
 def read_claim(run_dir: Path) -> dict[str, Any]:

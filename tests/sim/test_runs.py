@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -398,3 +399,22 @@ def test_an_output_folder_that_cannot_be_written_is_named_before_hydra_starts(tm
         res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
         assert res.returncode == 2, res.stderr
         assert "cannot be created or written" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_a_refused_run_leaves_the_folder_it_was_refused_byte_identical(tmp_path):
+    """Hydra writes .hydra/ before the run starts: the claim must come first, or the
+    refused run's settings replace the other run's record of its own."""
+    run_dir = tmp_path / "run"
+
+    def run_py(*args):
+        cmd = [sys.executable, str(ROOT / "run.py"), *QUIET, f"hydra.run.dir={run_dir}", *args]
+        env = {**os.environ, "TESTBED_NO_BOOTSTRAP": "1"}
+        return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+
+    assert run_py("trace.num_requests=5", "policy=fcfs").returncode == 0
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    assert run_dir / ".hydra" / "config.yaml" in before
+    refused = run_py("trace.num_requests=6", "policy=sjf", "seed=3")
+    assert refused.returncode == 2 and "already holds a run" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
