@@ -129,9 +129,16 @@ class ProposerTime:
     _sum_t: float = 0.0
     _sum_nt: float = 0.0
     total_s: float = 0.0
+    # Each observation's start (a ``time.perf_counter`` reading) and seconds, so that
+    # a run's speed can leave the proposer out of each step it ran in.
+    starts: list[float] = field(default_factory=list)
+    durations: list[float] = field(default_factory=list)
 
-    def observe(self, num_requests: int, seconds: float) -> None:
+    def observe(self, num_requests: int, seconds: float, start: float | None = None) -> None:
         self.total_s += seconds
+        if start is not None:
+            self.starts.append(start)
+            self.durations.append(seconds)
         if num_requests <= 0:
             return
         self.steps += 1

@@ -148,7 +148,7 @@ class ModelExecutor:
             drafts = self._propose(so, sampled)
         end = time.perf_counter()
         if self.proposer is not None:
-            self.proposer_time.observe(self._num_proposing, end - t_sampled)
+            self.proposer_time.observe(self._num_proposing, end - t_sampled, start=t_sampled)
         # The parts of this step, for the profiler (sampling includes the LM head).
         self.last_timings = {
             "prepare": t_prepared - start,

@@ -42,7 +42,7 @@ from testbed.metrics import RunResult
 from testbed.models import ModelSpec
 from testbed.profiling.probes import IdleProbe
 from testbed.profiling.reference_probe import ReferenceProbe, busy_median, sample_table
-from testbed.sim.run_speed import speed_against
+from testbed.sim.run_speed import speed_against, time_per_step
 
 
 def run_real(
@@ -96,8 +96,13 @@ def run_real(
                 )
             )
     # The proposer's time is the simulator's engine.speculative.propose_s_*, not the
-    # profile's: it stays out of the machine's speed.
-    proposing = executor.proposer_time.total_s
+    # profile's: it stays out of the machine's speed, step by step.
+    timed = executor.proposer_time
+    proposing = time_per_step(
+        result.steps.column("start_s"),
+        np.asarray(timed.starts) - engine.clock.origin,
+        timed.durations,
+    )
     extra.update(speed_vs_profile(cfg, spec, result.steps, exclude_s=proposing))
     return result, extra
 
@@ -146,13 +151,11 @@ def run_cluster(cfg, args, model, requests, spec, on_progress):
     return result, extra
 
 
-def speed_vs_profile(
-    cfg: DictConfig, spec: ModelSpec, steps, exclude_s: float = 0.0
-) -> dict[str, Any]:
+def speed_vs_profile(cfg: DictConfig, spec: ModelSpec, steps, exclude_s=None) -> dict[str, Any]:
     """A real run's speed against the profile of its hardware and model
     (:func:`~testbed.sim.run_speed.speed_against`), and which profile; nothing
     where there is no profile or no busy step, and the error where the profile
-    cannot be read."""
+    cannot be read. ``exclude_s``: per step, time the profile does not predict."""
     try:  # a diagnostic: an unreadable profile must not cost the run its files
         model = latency_model(cfg, spec)
         if model.kind != "profile":

@@ -50,8 +50,21 @@ def speed_by_window(start_s, latency_s, pred_s, width_s: float) -> pd.DataFrame:
     return pd.DataFrame({"speed": sums["real"] / sums["pred"], "steps": groups.size()})
 
 
+def time_per_step(start_s, at_s, seconds) -> np.ndarray:
+    """``seconds`` spent at times ``at_s`` (a speculative proposer's, each within
+    a step), summed per step of a log whose steps start at ``start_s`` (in order):
+    each to the last step started at or before it; none before the first."""
+    start_s = np.asarray(start_s, dtype=np.float64)
+    at_s = np.asarray(at_s, dtype=np.float64)
+    step = np.searchsorted(start_s, at_s, side="right") - 1
+    keep = step >= 0
+    return np.bincount(
+        step[keep], weights=np.asarray(seconds, dtype=np.float64)[keep], minlength=len(start_s)
+    )
+
+
 def speed_against(
-    model: LatencyModel, steps, window_s: float = SPEED_WINDOW_S, exclude_s: float = 0.0
+    model: LatencyModel, steps, window_s: float = SPEED_WINDOW_S, exclude_s=None
 ) -> dict[str, float]:
     """How fast a real run's machine ran against ``model`` (a profile of it): the
     run's busy time over the model's prediction of the same steps (``steps``: see
@@ -60,14 +73,18 @@ def speed_against(
     steps); 1.0: as profiled. ``_min`` and ``_max``: the lowest and highest of its
     :func:`speed_by_window` over windows of ``window_s`` holding at least
     :data:`SPEED_WINDOW_STEPS` busy steps (the whole run's where fewer than two
-    windows do). ``exclude_s``: busy time the model does not predict (a speculative
-    proposer's), left out of the whole run's speed. Empty for a run without a busy step."""
+    windows do). ``exclude_s``: per step of ``steps`` (:func:`time_per_step`), busy time
+    the model does not predict (a speculative proposer's), left out of the whole
+    run's speed and of every window's alike. Empty for a run without a busy step."""
     busy = step_column(steps, "num_reqs") > 0
     if not busy.any():
         return {}
-    real = step_column(steps, "latency_s")[busy]
+    real = step_column(steps, "latency_s")
+    if exclude_s is not None:
+        real = real - np.asarray(exclude_s, dtype=np.float64)
+    real = real[busy]
     pred = predict_logged_steps(model, steps)[busy]
-    speed = float((real.sum() - exclude_s) / pred.sum())
+    speed = float(real.sum() / pred.sum())
     windows = speed_by_window(step_column(steps, "start_s")[busy], real, pred, window_s)
     kept = windows.loc[windows["steps"] >= SPEED_WINDOW_STEPS, "speed"]
     low, high = (float(kept.min()), float(kept.max())) if len(kept) >= 2 else (speed, speed)

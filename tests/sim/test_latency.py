@@ -309,6 +309,48 @@ def test_a_real_runs_speed_against_its_profile_is_its_busy_time_over_the_predict
     assert speed_against(model, idle) == {}
 
 
+def test_a_proposers_time_is_left_out_of_every_window_as_of_the_whole_run(tmp_path):
+    """speed_against with a proposer's time per step (exclude_s): every step ran
+    at the profile's speed plus the proposer's time, a small share of the first
+    minute and several times the step in the later ones; with that time left out
+    the whole run and each minute are at 1.0, so the whole run lies within its
+    windows' range."""
+    from testbed.metrics.steplog import StepLog
+    from testbed.sim.run_speed import predict_logged_steps, speed_against, time_per_step
+
+    rows = [(r, r * t, r * t * 300.0, r * 300, 1e-3 + 1e-4 * r + 1e-6 * r * t)
+            for r in (1, 2, 4, 8, 16) for t in (1, 16, 64)]  # fmt: skip
+    write_profile(tmp_path / "p.csv", rows)
+    model = ProfileModel(tmp_path / "p.csv")
+    log, starts, proposing = StepLog(), [], []
+    now = 0.0
+    while now < 180:
+        args = (0, now, 1.0, 4, 0, 4, 0.1, 0, 4, 0, 1200.0, 4800.0, 300.0)
+        one = StepLog()
+        one.add(*args)
+        pred = float(predict_logged_steps(model, one)[0])
+        extra = pred * (0.1 if now < 60 else 3.0)  # the proposer, inside the step
+        log.add(0, now, pred + extra, *args[3:])
+        starts.append(now + pred)
+        proposing.append(extra)
+        now += pred + extra
+    exclude = time_per_step(log.column("start_s"), starts, proposing)
+    assert exclude == pytest.approx(proposing)
+    speed = speed_against(model, log, exclude_s=exclude)
+    assert speed["speed_vs_profile"] == pytest.approx(1.0)
+    assert speed["speed_vs_profile_min"] == pytest.approx(1.0)
+    assert speed["speed_vs_profile_max"] == pytest.approx(1.0)
+    assert speed_against(model, log)["speed_vs_profile_max"] > 3.5  # with it: 4x
+
+
+def test_time_per_step_sums_each_time_into_the_step_it_fell_in():
+    from testbed.sim.run_speed import time_per_step
+
+    got = time_per_step([0.0, 1.0, 2.5], [-0.5, 0.2, 0.9, 1.0, 3.0], [9.0, 1.0, 2.0, 4.0, 8.0])
+    assert got.tolist() == [3.0, 4.0, 8.0]  # the one before the first step: none
+    assert time_per_step([0.0, 1.0], [], []).tolist() == [0.0, 0.0]
+
+
 def test_profile_model_charges_requests_verifying_drafts_their_own_cost(tmp_path):
     # Steps cost a base by their features plus 0.4 ms per request verifying drafts
     # (a CPU attention path's per-sequence loop), which the features alone cannot
