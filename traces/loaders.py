@@ -22,7 +22,15 @@ from traces.schema import COLUMNS, DEFAULT_HASH_BLOCK_TOKENS, REQUIRED, TraceErr
 from traces.synthetic import arrivals
 from traces.validate import validate
 
-__all__ = ["load_azure", "load_csv", "load_lengths", "load_mooncake", "read_lengths"]
+__all__ = [
+    "load_azure",
+    "load_csv",
+    "load_lengths",
+    "load_mooncake",
+    "parse_csv",
+    "read_lengths",
+    "read_text",
+]
 
 MOONCAKE_BLOCK_TOKENS = 512  # tokens per hash id in the Mooncake traces
 MOONCAKE_STEP_S = 3.0  # the conversation trace's timestamp quantum
@@ -31,12 +39,34 @@ MOONCAKE_STEP_S = 3.0  # the conversation trace's timestamp quantum
 _EXACT_FLOATS = {"float_precision": "round_trip"} if int(pd.__version__.split(".")[0]) < 3 else {}
 
 
-def _read_csv(path: Path, data: Any = None, **kwargs: Any) -> pd.DataFrame:
-    """pd.read_csv of ``data`` (default: the file), parse errors raised as TraceError."""
+def read_text(path: Path) -> str:
+    """The file as UTF-8 text (a leading byte-order mark dropped). A file that is
+    not text, such as a binary given as a trace, or that cannot be read (a folder)
+    is a TraceError naming it and the line of its first bad byte."""
     try:
-        return pd.read_csv(path if data is None else data, **kwargs)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
-        raise TraceError(str(path), f"cannot parse as CSV: {e}") from None
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise  # as every loader's missing file is: run_trace names it
+    except OSError as e:
+        raise TraceError(str(path), f"cannot read it ({e.strerror or e})") from None
+    try:
+        return data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        at = f"byte 0x{data[e.start]:02x} at offset {e.start}"
+        msg = f"not UTF-8 text ({at}); a trace is a UTF-8 text file"
+        raise TraceError(str(path), msg, line=line) from None
+
+
+def parse_csv(path: Path, text: str | None = None, **kwargs: Any) -> pd.DataFrame:
+    """pd.read_csv of ``text`` (default: the file's, :func:`read_text`), parse
+    errors raised as a one-line TraceError."""
+    if text is None:
+        text = read_text(path)
+    try:
+        return pd.read_csv(io.StringIO(text), **kwargs)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+        raise TraceError(str(path), f"cannot parse as CSV: {' '.join(str(e).split())}") from None
 
 
 def _require(raw: pd.DataFrame, path: Path, columns: tuple[str, ...], header_line: int = 1) -> None:
@@ -54,7 +84,7 @@ def load_azure(path: str | Path) -> pd.DataFrame:
     takes; pandas' ISO 8601 parser reads all of them, vectorised.
     """
     path = Path(path)
-    raw = _read_csv(path, dtype={"TIMESTAMP": "str"})
+    raw = parse_csv(path, dtype={"TIMESTAMP": "str"})
     _require(raw, path, ("TIMESTAMP", "ContextTokens", "GeneratedTokens"))
     ts = pd.to_datetime(raw["TIMESTAMP"], format="ISO8601", errors="coerce")
     if len(bad := np.flatnonzero(ts.isna().to_numpy())):
@@ -77,7 +107,8 @@ def _read_jsonl(path: Path) -> tuple[list[dict], list[int]]:
     """The objects of a JSON Lines file and the line each came from (blank lines skipped)."""
     rows: list[dict] = []
     lines: list[int] = []
-    with open(path, encoding="utf-8") as f:
+    # Universal newlines, as open() reads text: a line ends at \n, \r\n or \r.
+    with io.StringIO(read_text(path), newline=None) as f:
         for lineno, text in enumerate(f, start=1):
             if not text.strip():
                 continue
@@ -149,7 +180,7 @@ def read_lengths(path: str | Path) -> pd.DataFrame:
     """The rows of a Sarathi/Vidur length file (``num_prefill_tokens``,
     ``num_decode_tokens``) as a validated trace with every arrival at 0.0."""
     path = Path(path)
-    raw = _read_csv(path)
+    raw = parse_csv(path)
     _require(raw, path, ("num_prefill_tokens", "num_decode_tokens"))
     frame = pd.DataFrame(
         {
@@ -270,13 +301,13 @@ def load_csv(path: str | Path) -> pd.DataFrame:
     defaults; unknown columns are an error.
     """
     path = Path(path)
-    text = path.read_text(encoding="utf-8")
+    text = read_text(path)
     meta, notes, skip = _header(text)
     numeric = [c for c, dtype in COLUMNS.items() if dtype in ("float64", "int64")]
     na = {c: ["", "nan", "NaN"] for c in numeric} | {"tenant": [""], "prefix_hash_ids": [""]}
-    raw = _read_csv(
+    raw = parse_csv(
         path,
-        io.StringIO(text),
+        text,
         skiprows=skip,
         dtype={"tenant": "str", "prefix_hash_ids": "str"},
         keep_default_na=False,

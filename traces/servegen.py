@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from traces.loaders import read_lengths
+from traces.loaders import parse_csv, read_lengths, read_text
 from traces.schema import TraceError, make_trace
 from traces.validate import validate
 
@@ -37,10 +37,7 @@ def _client_number(path: Path) -> int:
 
 def _read_windows(path: Path) -> pd.DataFrame:
     """A client's window table, checked: numbers are numbers, families known."""
-    try:
-        win = pd.read_csv(path, header=None, names=_WINDOW_COLUMNS, dtype={"family": "str"})
-    except (pd.errors.ParserError, pd.errors.EmptyDataError) as e:
-        raise TraceError(str(path), f"cannot parse as CSV: {e}") from None
+    win = parse_csv(path, header=None, names=_WINDOW_COLUMNS, dtype={"family": "str"})
     for column in ("start_s", "rate", "shape", "scale"):
         num = pd.to_numeric(win[column], errors="coerce")
         if len(bad := np.flatnonzero((num.isna() | (num < 0)).to_numpy())):
@@ -82,21 +79,43 @@ def _distribution(data: dict, path: Path, window: str, field: str) -> tuple[np.n
     """(values, probabilities) of one field in one 6-hour window of a dataset json."""
     try:
         table = ast.literal_eval(data[window][field])  # a dict literal: never eval()
-    except (KeyError, ValueError, SyntaxError) as e:
+        if not isinstance(table, dict):
+            raise TypeError(f"a {type(table).__name__}, not a dict of value: probability")
+        values = np.array(list(table), dtype="int64")
+        p = np.array(list(table.values()), dtype="float64")
+    except (KeyError, TypeError, ValueError, SyntaxError) as e:
         msg = f"window {window}: no readable distribution ({e!r})"
         raise TraceError(str(path), msg, field=field) from None
     if not table:
         raise TraceError(str(path), f"window {window}: empty distribution", field=field)
-    values = np.array(list(table), dtype="int64")
-    p = np.array(list(table.values()), dtype="float64")
     return values, p / p.sum()  # the published probabilities sum to 1 only up to rounding
+
+
+def _read_dataset(path: Path) -> dict[str, dict]:
+    """A client's dataset json: an object of 6-hour windows (keyed by their start in
+    seconds), each an object of distributions; anything else names the file."""
+    try:
+        data = json.loads(read_text(path))
+    except json.JSONDecodeError as e:
+        msg = f"not valid JSON ({e.msg}, column {e.colno})"
+        raise TraceError(str(path), msg, line=e.lineno) from None
+    if not isinstance(data, dict) or not data:
+        raise TraceError(str(path), "not a JSON object of windows ({start_s: {...}, ...})")
+    for key, window in data.items():
+        try:
+            float(key)
+        except ValueError:
+            raise TraceError(str(path), f"window {key!r} is not a number (its start, s)") from None
+        if not isinstance(window, dict):
+            raise TraceError(str(path), f"window {key!r} is not a JSON object of distributions")
+    return data
 
 
 def _dataset_lengths(
     path: Path, times: np.ndarray, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
     """Prompt and output lengths for arrivals at ``times``, from the client's dataset json."""
-    data = json.loads(path.read_text(encoding="utf-8"))
+    data = _read_dataset(path)
     keys = sorted(data, key=float)
     window = np.searchsorted([float(k) for k in keys], times, side="right") - 1
     fields = set(data[keys[0]])

@@ -8,24 +8,10 @@ import pandas as pd
 import pytest
 
 import traces
+from tests.traces.conftest import SHARED_FILES as _FILES
 from traces import TRACE_NAMES, load_trace, traces_dir
 from traces.export import export_csv
 from traces.synthetic import synthetic_trace
-
-_FILES = {  # the shared file each name needs, for the skip message
-    "azure_code": "azure_llm_2023/AzureLLMInferenceTrace_code.csv",
-    "azure_conv": "azure_llm_2023/AzureLLMInferenceTrace_conv.csv",
-    "mooncake_conv": "mooncake/conversation_trace.jsonl",
-    "mooncake_synthetic": "mooncake/synthetic_trace.jsonl",
-    "sharegpt": "length_dists_sarathi/sharegpt_8k_filtered_stats_llama2_tokenizer.csv",
-    "arxiv": "length_dists_sarathi/arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv",
-    "bwb": "length_dists_sarathi/bwb_stats_llama2_tokenizer_filtered_v2.csv",
-    "servegen_deepseek-r1": "servegen/reason/deepseek-r1",
-    "servegen_mm-image": "servegen/multimodal/mm-image",
-    "servegen_m-large": "servegen/language/m-large",
-    "servegen_m-mid": "servegen/language/m-mid",
-    "servegen_m-small": "servegen/language/m-small",
-}
 
 
 @pytest.mark.parametrize("name", TRACE_NAMES)
