@@ -22,7 +22,8 @@ from testbed.config_schema import vllm_fields
 from testbed.core import SchedulerConfig
 from testbed.core.kv_faults import KVFaults
 from testbed.engine.args import EngineArgs
-from testbed.engine.spec_config import SpeculativeConfig
+from testbed.engine.model_config import ModelConfig
+from testbed.engine.spec_config import SpeculativeConfig, resolve_draft
 from testbed.errors import InputError
 from testbed.hardware import HardwareSpec
 from testbed.models import (
@@ -141,6 +142,26 @@ def acceptance_model(cfg: DictConfig, spec: ModelSpec) -> AcceptanceModel | None
     return AcceptanceModel.constant(k, options.acceptance_rate)
 
 
+def draft_model(cfg: DictConfig) -> ResolvedModel | None:
+    """``engine.speculative``'s draft model (None: no draft model), found and checked
+    against the run's model as the real engine checks it
+    (:func:`~testbed.engine.spec_config.resolve_draft`). Both modes call this before
+    anything else, so a draft that is missing or cannot draft for the target is
+    refused in one line, the same in both."""
+    speculative = speculative_config(cfg.engine)
+    if speculative is None or speculative.method != "draft_model":
+        return None
+    target = run_model(cfg)
+    try:
+        target_config = ModelConfig.of(target)
+    except ValueError as e:
+        raise InputError(f"model={target.name}: {e}") from e
+    try:
+        return resolve_draft(speculative, target_config, cfg.engine.max_model_len)
+    except ValueError as e:
+        raise InputError(str(e).replace("speculative_config.", "engine.speculative.")) from e
+
+
 def draft_latency_model(cfg: DictConfig) -> LatencyModel | None:
     """The latency model of a draft model's passes (``engine.speculative.draft_profile``;
     None: no draft model, or its passes not modelled): the draft's profile, else its
@@ -154,14 +175,10 @@ def draft_latency_model(cfg: DictConfig) -> LatencyModel | None:
         if not path.exists():
             raise InputError(f"engine.speculative.draft_profile={where}: no such file")
         return ProfileModel(path)
-    try:
-        draft = resolve_model(speculative.model)
-        target = run_model(cfg)
-        if same_folder(draft.folder, target.folder) and draft.hf_config == target.hf_config:
-            draft = target  # the target as its own draft: named as the run's model
-        draft = draft.first_layers(speculative.draft_num_layers)
-    except (ValueError, FileNotFoundError) as e:
-        raise InputError(f"engine.speculative.model={speculative.model}: {e}") from e
+    draft, target = draft_model(cfg), run_model(cfg)
+    if same_folder(draft.folder, target.folder) and draft.hf_config == target.hf_config:
+        draft = target  # the target as its own draft: named as the run's model
+    draft = draft.first_layers(speculative.draft_num_layers)
     return make_latency_model(
         draft.spec(), hardware_spec(cfg), cfg.model.dtype, in_project(cfg.profiles_dir)
     )

@@ -84,9 +84,10 @@ def model_entry(name: str) -> dict[str, Any]:
     """``conf/model/<name>.yaml`` read without Hydra (the engine's offline API)."""
     conf = MODEL_CONFIGS / f"{name}.yaml"
     if not conf.exists():
+        known = ", ".join(sorted(p.stem for p in MODEL_CONFIGS.glob("*.yaml")))
         raise FileNotFoundError(
-            f"model {name!r} is neither an HF folder nor a config in "
-            f"{conf.parent} (known: {sorted(p.stem for p in conf.parent.glob('*.yaml'))})"
+            f"model {name!r} is neither an HF folder nor a config in {MODEL_CONFIGS} "
+            f"(known: {known})"
         )
     return yaml.safe_load(conf.read_text())
 

@@ -20,7 +20,7 @@ from testbed.engine.executor import ModelExecutor
 from testbed.engine.model import CausalLM
 from testbed.engine.model_config import ModelConfig
 from testbed.engine.ngram import NgramProposer
-from testbed.engine.spec_config import SpeculativeConfig
+from testbed.engine.spec_config import SpeculativeConfig, resolve_draft
 from testbed.engine.weights import build_model
 from testbed.kernels import select_backend
 from testbed.models import ModelSpec, ResolvedModel, num_kv_blocks, resolve_model, same_folder
@@ -56,26 +56,9 @@ def make_proposer(
     k = speculative.num_speculative_tokens
     if speculative.method == "ngram":
         return NgramProposer(k, speculative.prompt_lookup_min, speculative.prompt_lookup_max)
-    cfg, folder, name = engine_model(speculative.model)
     target_cfg = target_model[0]
-
-    def refuse(field: str, why: str) -> None:
-        raise ValueError(f"speculative_config.{field}: {why}")
-
-    if cfg.vocab_size != target_cfg.vocab_size:
-        refuse(
-            "model",
-            f"{name}'s vocabulary ({cfg.vocab_size}) is not the target's ({target_cfg.vocab_size})",
-        )
-    if cfg.max_model_len < max_model_len:
-        refuse(
-            "model",
-            f"{name}'s context ({cfg.max_model_len}) is shorter than the target's "
-            f"max_model_len ({max_model_len}): it could not draft that far",
-        )
+    cfg, folder, name = engine_model(resolve_draft(speculative, target_cfg, max_model_len))
     layers = speculative.draft_num_layers or cfg.num_layers
-    if layers > cfg.num_layers:
-        refuse("draft_num_layers", f"{layers}, but {name} has {cfg.num_layers} layers")
     same = cfg.raw == target_cfg.raw and (
         same_folder(folder, target_model[1]) or (folder, name) == target_model[1:]
     )

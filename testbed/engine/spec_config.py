@@ -12,6 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from testbed.engine.model_config import ModelConfig
+from testbed.models import ResolvedModel, resolve_model
+
 METHODS = ("ngram", "draft_model")
 # Verification runs 1 + k positions per request and step; more drafts than this
 # are almost never all accepted and only waste the target's compute.
@@ -77,3 +80,39 @@ class SpeculativeConfig:
         if "num_speculative_tokens" not in value:
             raise ValueError("speculative_config.num_speculative_tokens: missing")
         return cls(**{k: v for k, v in value.items() if v is not None})
+
+
+def resolve_draft(
+    speculative: SpeculativeConfig, target: ModelConfig, max_model_len: int | None = None
+) -> ResolvedModel:
+    """The draft model of a ``draft_model`` config, found and checked against its
+    target (``max_model_len``: the engine's, default the target's): it exists, has
+    the target's vocabulary, a context that reaches ``max_model_len`` and the
+    layers asked for. The real engine and the simulator both call this first, so
+    a draft either refuses is refused by both, in the same words."""
+
+    def refuse(field: str, why: str) -> None:
+        raise ValueError(f"speculative_config.{field}: {why}")
+
+    try:
+        draft = resolve_model(speculative.model)
+        cfg = ModelConfig.of(draft)
+    except (ValueError, FileNotFoundError) as e:
+        refuse("model", str(e))
+    max_model_len = max_model_len or target.max_model_len
+    if cfg.vocab_size != target.vocab_size:
+        refuse(
+            "model",
+            f"{draft.name}'s vocabulary ({cfg.vocab_size}) is not the target's "
+            f"({target.vocab_size})",
+        )
+    if cfg.max_model_len < max_model_len:
+        refuse(
+            "model",
+            f"{draft.name}'s context ({cfg.max_model_len}) is shorter than the target's "
+            f"max_model_len ({max_model_len}): it could not draft that far",
+        )
+    layers = speculative.draft_num_layers or cfg.num_layers
+    if layers > cfg.num_layers:
+        refuse("draft_num_layers", f"{layers}, but {draft.name} has {cfg.num_layers} layers")
+    return draft

@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 from testbed.build import (
     decider,
     draft_latency_model,
+    draft_model,
     engine_args,
     kv_faults,
     latency_model,
@@ -53,6 +54,7 @@ def run_real(
 ) -> tuple[RunResult, dict[str, Any]]:
     """Replay ``requests`` on the real engine; the run's records and the real
     engine's fields of ``metrics.json``."""
+    draft_model(cfg)  # a missing or unfit draft is refused before anything runs
     args = engine_args(cfg)
     model = engine_model(run_model(cfg))
     if cfg.cluster.num_replicas > 1 or cfg.cluster.num_prefill > 0:

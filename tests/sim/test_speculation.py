@@ -212,3 +212,69 @@ def test_a_draft_models_passes_cost_what_its_own_profile_says(tmp_path):
         run_from_config(
             compose_cfg(*base, "engine.speculative.draft_profile=nowhere.csv"), tmp_path / "bad"
         )
+
+
+def test_a_missing_draft_model_is_refused_in_one_line_the_same_in_both_modes(tmp_path):
+    """``run.py`` in ``mode=sim`` and ``mode=real`` refuses a draft model that does
+    not exist with the same one-line message and exit status 2 (the real engine
+    used to end in a FileNotFoundError's traceback, exit 1)."""
+    import os
+    import subprocess
+    import sys
+
+    from testbed.models import PROJECT_ROOT
+
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    errors = {}
+    for mode in ("sim", "real"):
+        cmd = [
+            sys.executable, str(PROJECT_ROOT / "run.py"), f"mode={mode}",
+            "engine.speculative.method=draft_model",
+            f"engine.speculative.model={tmp_path / 'nowhere'}",
+            "trace.num_requests=5", "logging=disabled", f"hydra.run.dir={tmp_path / mode}",
+        ]  # fmt: skip
+        res = subprocess.run(
+            cmd, capture_output=True, text=True, env={**env, "TESTBED_NO_BOOTSTRAP": "1"}
+        )
+        assert res.returncode == 2, res.stderr
+        errors[mode] = res.stderr.strip()
+    assert errors["sim"] == errors["real"]
+    assert errors["sim"].startswith("Error: engine.speculative.model: model ")
+    assert "nowhere" in errors["sim"] and "\n" not in errors["sim"]
+
+
+@pytest.mark.parametrize(
+    "draft, message",
+    [
+        (["engine.speculative.model=SMALL_VOCAB"], r"vocabulary \(512\) is not the target's"),
+        (
+            ["engine.speculative.model=dummy-llama", "engine.speculative.draft_num_layers=9"],
+            r"engine\.speculative\.draft_num_layers: 9, but dummy-llama has 4 layers",
+        ),
+    ],
+)
+def test_a_draft_that_cannot_draft_for_the_target_is_refused_as_the_real_engine_does(
+    tmp_path, draft, message
+):
+    """The simulator runs the real engine's check of the draft (resolve_draft)
+    before anything else: a draft of another vocabulary or with fewer layers than
+    asked is refused in the engine's words, the field named as in the config."""
+    import json
+
+    from testbed.build import draft_model
+    from testbed.models import model_entry
+    from testbed.modes.sim import simulate
+
+    small = tmp_path / "small"
+    small.mkdir()
+    shape = {**model_entry("dummy-llama")["hf_config"], "vocab_size": 512}
+    (small / "config.json").write_text(json.dumps(shape))
+    draft = [d.replace("SMALL_VOCAB", str(small)) for d in draft]
+    cfg = compose_cfg(
+        "mode=sim", "engine.speculative.method=draft_model",
+        "engine.speculative.acceptance_rate=0.5", *draft,
+    )  # fmt: skip
+    with pytest.raises(InputError, match=message):
+        draft_model(cfg)
+    with pytest.raises(InputError, match=message):
+        simulate(cfg, [], None)
