@@ -1,5 +1,5 @@
 """The run config's schema: Hydra structured configs for the engine, mode, cluster,
-hardware, model and policy groups, and :func:`compose_config`, the one way to
+hardware, model, policy and trace groups, and :func:`compose_config`, the one way to
 compose a run's config outside ``run.py``.
 
 Each group's options are typed dataclasses registered in Hydra's ConfigStore, so
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import II, MISSING, DictConfig, OmegaConf
 
 from policies import REGISTRY, policy_class
 from policies.deciders import DECIDERS
@@ -32,6 +32,7 @@ from testbed.hardware import HardwareSpec
 from testbed.models import PROJECT_ROOT
 from testbed.report.rundir import STEPS_FORMATS
 from testbed.sim.link import LINK_PRESETS
+from traces import TRACE_NAMES, loader_options, trace_loader
 
 # --- engine and cluster ---
 
@@ -226,6 +227,79 @@ POLICY_OPTIONS = {name: policy_node(name) for name in REGISTRY}
 globals().update({node.__name__: node for node in POLICY_OPTIONS.values()})
 
 
+# --- traces ---
+
+
+@dataclass
+class TraceOptions:
+    """The options every trace takes (``traces.GENERIC_OPTIONS``: ``traces.load_trace``
+    applies them after loading, in docs/traces.md's order), so that each works as
+    ``trace.<option>=...`` on any trace; None leaves the trace as loaded."""
+
+    name: str = MISSING
+    window_start_s: float | None = None
+    window_end_s: float | None = None
+    num_requests: int | None = None
+    sample: float | None = None  # a number of requests, or a fraction in (0, 1)
+    rate: float | None = None  # req/s
+    time_scale: float | None = None
+    prompt_scale: float | None = None
+    max_model_len: int | None = None
+    num_tenants: int | None = None
+    priority_classes: int | None = None
+    seed: int = II("seed")  # the loader's where it takes one; also seeds sample and assignments
+    ttft_slo_s: float | None = None
+    tpot_slo_s: float | None = None
+
+
+_SCALARS = (int, float, str, bool)
+
+
+def _option_type(hint: Any) -> Any:
+    """A loader argument's type where OmegaConf can check it (a scalar, or a scalar
+    or None), else Any (a dict of lengths, a list of tenants, a str or Path)."""
+    if hint in _SCALARS:
+        return hint
+    args = typing.get_args(hint)
+    if len(args) == 2 and type(None) in args:
+        (inner,) = (a for a in args if a is not type(None))
+        if inner in _SCALARS:
+            return inner | None
+    return Any
+
+
+def trace_kind(name: str) -> str:
+    """The schema trace ``name`` shares with the traces of its loader: ``azure``,
+    ``mooncake``, ``lengths``, ``servegen``, ``synthetic`` or ``csv``."""
+    return trace_loader(name).__name__.removeprefix("load_").removesuffix("_trace")
+
+
+def trace_node(name: str) -> type:
+    """Trace ``name``'s group schema: :class:`TraceOptions` and its loader's own
+    arguments (``traces.loader_options``), typed and defaulted as the loader
+    declares them. An argument that is also a generic option keeps the generic
+    field (None: the loader's default)."""
+    loader = trace_loader(name)
+    hints = typing.get_type_hints(loader)
+    generic = {f.name for f in dataclasses.fields(TraceOptions)}
+    fields: list[tuple[str, Any, Any]] = []
+    for param in loader_options(name).values():
+        if param.name in generic:
+            continue
+        default = MISSING if param.default is inspect.Parameter.empty else param.default
+        fields.append((param.name, _option_type(hints.get(param.name)), field(default=default)))
+    kind = trace_kind(name)
+    node = dataclasses.make_dataclass(f"{kind.title()}TraceOptions", fields, bases=(TraceOptions,))
+    node.__module__ = __name__
+    return node
+
+
+# Each loader's trace schema (conf/trace/<name>.yaml names it as base_<kind> in its
+# defaults), as attributes of this module so that a config holding one pickles.
+TRACE_OPTIONS = {trace_kind(name): trace_node(name) for name in TRACE_NAMES}
+globals().update({node.__name__: node for node in TRACE_OPTIONS.values()})
+
+
 # --- checks a type cannot express ---
 
 
@@ -282,7 +356,7 @@ RANGES: dict[tuple[str, str], tuple[Any, str]] = {
 }
 # Groups whose options are dataclasses: a key outside them (``+engine.x=1``, which
 # Hydra lets through) is refused as a typo would be.
-SCHEMA_GROUPS = ("engine", "cluster", "mode", "hardware", "model", "policy")
+SCHEMA_GROUPS = ("engine", "cluster", "mode", "hardware", "model", "policy", "trace")
 
 
 def validate(cfg: DictConfig) -> None:
@@ -352,6 +426,8 @@ def register() -> None:
     cs.store(group="model", name="base_model", node=ModelEntry)
     for name, node in POLICY_OPTIONS.items():
         cs.store(group="policy", name=name, node=node)
+    for kind, node in TRACE_OPTIONS.items():
+        cs.store(group="trace", name=f"base_{kind}", node=node)
 
 
 def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:

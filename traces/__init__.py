@@ -45,6 +45,7 @@ from traces.validate import validate
 
 __all__ = [
     "COLUMNS",
+    "GENERIC_OPTIONS",
     "TRACE_NAMES",
     "TraceError",
     "empty_trace",
@@ -55,8 +56,10 @@ __all__ = [
     "load_mooncake",
     "load_servegen",
     "load_trace",
+    "loader_options",
     "make_trace",
     "synthetic_trace",
+    "trace_loader",
     "traces_dir",
     "validate",
 ]
@@ -85,9 +88,27 @@ _TRACES: dict[str, tuple[Callable[..., pd.DataFrame], str | None]] = {
     "csv": (load_csv, None),
 }
 TRACE_NAMES: tuple[str, ...] = tuple(_TRACES)
-_GENERIC = ("window_start_s", "window_end_s", "num_requests", "sample", "rate", "time_scale")
-_GENERIC += ("prompt_scale", "max_model_len", "num_tenants", "priority_classes", "seed")
-_GENERIC += ("ttft_slo_s", "tpot_slo_s")
+#: The options every trace takes (:func:`_apply`'s transforms, and ``seed``).
+GENERIC_OPTIONS = ("window_start_s", "window_end_s", "num_requests", "sample", "rate")
+GENERIC_OPTIONS += ("time_scale", "prompt_scale", "max_model_len", "num_tenants")
+GENERIC_OPTIONS += ("priority_classes", "seed", "ttft_slo_s", "tpot_slo_s")
+
+
+def trace_loader(name: str) -> Callable[..., pd.DataFrame]:
+    """The function that loads (or generates) trace ``name``."""
+    if name not in _TRACES:
+        raise ValueError(f"unknown trace {name!r}; known: {', '.join(TRACE_NAMES)}")
+    return _TRACES[name][0]
+
+
+def loader_options(name: str) -> dict[str, inspect.Parameter]:
+    """The options trace ``name``'s loader takes itself (:func:`load_trace` passes
+    them on): its parameters less the file it reads, which ``csv`` alone takes as
+    ``path``, and the trace's ``name``, which is the config's."""
+    loader = trace_loader(name)
+    params = dict(inspect.signature(loader).parameters)
+    drop = {"folder", "name"} | ({"path"} if _TRACES[name][1] else set())
+    return {k: p for k, p in params.items() if k not in drop}
 
 
 def traces_dir() -> Path:
@@ -116,19 +137,15 @@ def load_trace(name: str, **options: Any) -> pd.DataFrame:
     ``csv`` needs ``path``. Options the loader does not take and that are not
     generic are an error; options set to None count as not given.
     """
-    if name not in _TRACES:
-        raise ValueError(f"unknown trace {name!r}; known: {', '.join(TRACE_NAMES)}")
-    loader, relative = _TRACES[name]
+    loader, relative = trace_loader(name), _TRACES[name][1]
     options = {k: v for k, v in options.items() if v is not None}
-    params = set(inspect.signature(loader).parameters) - {"path", "folder"}
-    if name == "csv":
-        params.add("path")
-        if "path" not in options:
-            raise ValueError("trace 'csv' needs a path option: load_trace('csv', path=...)")
-    if unknown := sorted(set(options) - params - set(_GENERIC)):
+    params = set(loader_options(name))
+    if name == "csv" and "path" not in options:
+        raise ValueError("trace 'csv' needs a path option: load_trace('csv', path=...)")
+    if unknown := sorted(set(options) - params - set(GENERIC_OPTIONS)):
         raise ValueError(
             f"trace {name!r}: unknown options {unknown}; the loader takes {sorted(params)} "
-            f"and every trace takes {list(_GENERIC)}"
+            f"and every trace takes {list(GENERIC_OPTIONS)}"
         )
     own = {k: v for k, v in options.items() if k in params}
     if own.get("lengths_from") in _TRACES and _TRACES[own["lengths_from"]][0] is load_lengths:
