@@ -120,26 +120,61 @@ def scheduler_config(engine: Mapping[str, Any], max_model_len: int) -> Scheduler
 
 
 def acceptance_model(cfg: DictConfig, spec: ModelSpec) -> AcceptanceModel | None:
-    """The simulator's acceptance model of ``engine.speculative`` (None: off): its
-    table (a path, or ``auto``: the one beside the profiles), else its one rate."""
+    """The simulator's acceptance model of ``engine.speculative`` (None: off): a
+    table a real run measured (a path, or ``auto``: :func:`acceptance_table`) or
+    one rate given by hand. Exactly one is required: how often drafts are
+    accepted depends on the model, the draft and the workload, and a rate made up
+    here would pass for a prediction."""
     speculative = speculative_config(cfg.engine)
     if speculative is None:
         return None
     options, k = cfg.engine.speculative, speculative.num_speculative_tokens
-    table = options.acceptance_table
-    if table == "auto":
-        path = acceptance_table_path(
-            in_project(cfg.profiles_dir), hardware_spec(cfg).name, spec.name, speculative.method
+    table, rate = options.acceptance_table, options.acceptance_rate
+    if table is not None and rate is not None:
+        raise InputError(
+            f"engine.speculative.acceptance_table={table}, acceptance_rate={rate}: give "
+            "one (the table a real run measured, or one rate for every position)"
         )
+    make_one = (
+        "python run.py mode=real with this model, trace and engine.speculative writes "
+        "one as spec_acceptance.csv in its run directory"
+    )
+    if table is None and rate is None:
+        auto = acceptance_table(cfg, spec)
+        shown = auto.relative_to(PROJECT_ROOT) if auto.is_relative_to(PROJECT_ROOT) else auto
+        there = f"=auto (measured: {shown})" if auto.exists() else f"=auto once one is at {shown}"
+        raise InputError(
+            f"engine.speculative.method={speculative.method}: mode=sim needs an acceptance "
+            "model, and has no default; give engine.speculative.acceptance_table=<a real "
+            f"run's spec_acceptance.csv> ({make_one}), acceptance_table{there}, or "
+            "acceptance_rate=<p> (each of k drafts accepted with p, given by hand)"
+        )
+    if table == "auto":
+        path = acceptance_table(cfg, spec)
         if not path.exists():
             raise InputError(
-                f"engine.speculative.acceptance_table=auto: no table at {path} (a real run "
-                "with this method writes one as spec_acceptance.csv; copy it there)"
+                f"engine.speculative.acceptance_table=auto: no table at {path} ({make_one}; "
+                "copy it there)"
             )
         return AcceptanceModel.from_csv(path, k)
-    if table:
+    if table is not None:
         return AcceptanceModel.from_csv(Path(table).resolve(), k)
-    return AcceptanceModel.constant(k, options.acceptance_rate)
+    return AcceptanceModel.constant(k, rate)
+
+
+def acceptance_table(cfg: DictConfig, spec: ModelSpec) -> Path:
+    """Where ``engine.speculative.acceptance_table=auto`` looks: beside the
+    profiles, ``<hardware>/<model>.spec.<method>.csv``, a draft model's named after
+    the draft as its profile is (``.spec.draft_model.<draft>.csv``)."""
+    speculative = speculative_config(cfg.engine)
+    draft = profiled_draft(cfg)
+    return acceptance_table_path(
+        in_project(cfg.profiles_dir),
+        hardware_spec(cfg).name,
+        spec.name,
+        speculative.method,
+        draft.name if draft is not None else None,
+    )
 
 
 def draft_model(cfg: DictConfig) -> ResolvedModel | None:
@@ -175,13 +210,25 @@ def draft_latency_model(cfg: DictConfig) -> LatencyModel | None:
         if not path.exists():
             raise InputError(f"engine.speculative.draft_profile={where}: no such file")
         return ProfileModel(path)
-    draft, target = draft_model(cfg), run_model(cfg)
+    return make_latency_model(
+        profiled_draft(cfg).spec(),
+        hardware_spec(cfg),
+        cfg.model.dtype,
+        in_project(cfg.profiles_dir),
+    )
+
+
+def profiled_draft(cfg: DictConfig) -> ResolvedModel | None:
+    """The draft model as its profile and acceptance table name it (None: no draft
+    model): the run's model where the draft is the target itself, cut to
+    ``draft_num_layers`` (``<model>.first<N>``)."""
+    draft = draft_model(cfg)
+    if draft is None:
+        return None
+    target = run_model(cfg)
     if same_folder(draft.folder, target.folder) and draft.hf_config == target.hf_config:
         draft = target  # the target as its own draft: named as the run's model
-    draft = draft.first_layers(speculative.draft_num_layers)
-    return make_latency_model(
-        draft.spec(), hardware_spec(cfg), cfg.model.dtype, in_project(cfg.profiles_dir)
-    )
+    return draft.first_layers(cfg.engine.speculative.draft_num_layers)
 
 
 def speculative_config(engine: Mapping[str, Any]) -> SpeculativeConfig | None:

@@ -49,11 +49,12 @@ class SpeculativeOptions:
     prompt_lookup_max: int = 4
     model: str | None = None  # draft_model: an HF folder or a conf/model name
     draft_num_layers: int | None = None  # draft_model: its first N layers only
-    # mode=sim: each draft token accepted with this probability (the ones before it
-    # accepted), every step drafting k tokens; or a measured per-position table
-    # (a real run's spec_acceptance.csv), "auto" for the one beside the profiles,
-    # profiles/<hardware>/<model>.spec.<method>.csv.
-    acceptance_rate: float = 0.7
+    # mode=sim, one of the two (no default: only a real run measures acceptance): a
+    # measured per-position table (a real run's spec_acceptance.csv), "auto" for the
+    # one beside the profiles (profiles/<hardware>/<model>.spec.<method>.csv, a
+    # draft model's .spec.draft_model.<draft>.csv); or one rate given by hand, each
+    # draft token accepted with it (the ones before it accepted), every step drafting k.
+    acceptance_rate: float | None = None
     acceptance_table: str | None = None
     # mode=sim: the proposer's time, per step it drafts in and per request it drafts
     # for (a real run measures both: metrics.json spec_propose_s_per_step, _per_request).
@@ -392,7 +393,7 @@ def validate(cfg: DictConfig) -> None:
         raise InputError(
             f"engine.speculative.draft_latency_scale={spec.draft_latency_scale}: must be > 0"
         )
-    if not 0 <= spec.acceptance_rate <= 1:
+    if spec.acceptance_rate is not None and not 0 <= spec.acceptance_rate <= 1:
         raise InputError(
             f"engine.speculative.acceptance_rate={spec.acceptance_rate}: must be in [0, 1]"
         )

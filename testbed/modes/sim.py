@@ -134,6 +134,8 @@ def simulate(
     if acceptance is not None:
         stats = SpecDecodingStats.merged(e.scheduler.spec_stats for e in engines)
         extra.update(spec_acceptance_model=acceptance.source, **stats.metrics())
+        if acceptance.header:  # how the table was measured
+            extra["spec_acceptance_table_header"] = acceptance.header
         if draft is not None:
             extra["spec_draft_latency_model"] = draft.source
         result.extra["spec_acceptance"] = stats.table()  # spec_acceptance.csv

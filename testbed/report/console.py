@@ -48,6 +48,8 @@ def print_summary(m: Mapping[str, Any]) -> None:
                 f"(by position: {per_pos or '-'})",
             ),
         )
+    if m.get("spec_acceptance_model"):  # a simulation's: a measured table or a given rate
+        rows.insert(-2, ("speculation: acceptance model", m["spec_acceptance_model"]))
     if m.get("top_reject_reasons"):
         rows.insert(1, ("rejected because", m["top_reject_reasons"]))
     head = f"{m['mode']} | {m['policy']} | {m['trace']} | {m['model']} on {m['hardware']}"

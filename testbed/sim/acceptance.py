@@ -5,9 +5,13 @@ drafts a token at k (given room for it and a token at k - 1: an n-gram lookup
 often finds nothing, a draft model always drafts), and ``acceptance_rates[k]``,
 the probability that the token at k is accepted given that all before it were
 (a draft is accepted up to its first rejection). Either one rate for every
-position (``engine.speculative.acceptance_rate``, every step drafting k tokens)
-or a table a real run measured (its ``spec_acceptance.csv``; stored beside the
-profiles as ``<hardware>/<model>.spec.<method>.csv``).
+position given by hand (``engine.speculative.acceptance_rate``, every step
+drafting k tokens) or a table a real run measured (its ``spec_acceptance.csv``;
+stored beside the profiles as ``<hardware>/<model>.spec.<method>.csv``, a draft
+model's as ``<model>.spec.draft_model.<draft>.csv``, with ``#`` lines above the
+header saying how it was measured). There is no default: how often drafts are
+accepted depends on the model, the draft and the workload, which only a real
+run measures.
 
 Each request draws from its own generator, so its drafts and acceptances do not
 depend on which requests share its batches (the same random numbers under every
@@ -25,19 +29,29 @@ from testbed.errors import InputError
 TABLE_COLUMNS = ("position", "proposal_rate", "acceptance_rate")
 
 
-def acceptance_table_path(profiles_dir: str | Path, hardware: str, model: str, method: str) -> Path:
-    return Path(profiles_dir) / hardware / f"{model}.spec.{method}.csv"
+def acceptance_table_path(
+    profiles_dir: str | Path, hardware: str, model: str, method: str, draft: str | None = None
+) -> Path:
+    """Where ``engine.speculative.acceptance_table=auto`` looks: a draft model's
+    table is named after the draft too (another draft accepts differently)."""
+    key = f"{method}.{draft}" if draft else method
+    return Path(profiles_dir) / hardware / f"{model}.spec.{key}.csv"
 
 
 class AcceptanceModel:
     def __init__(
-        self, proposal_rates: list[float], acceptance_rates: list[float], source: str
+        self,
+        proposal_rates: list[float],
+        acceptance_rates: list[float],
+        source: str,
+        header: list[str] | None = None,
     ) -> None:
         if len(proposal_rates) != len(acceptance_rates):
             raise ValueError("one proposal rate and one acceptance rate per position")
         self.proposal_rates = list(proposal_rates)
         self.acceptance_rates = list(acceptance_rates)
         self.source = source
+        self.header = header or []  # a table's ``#`` lines: how it was measured
 
     @property
     def k(self) -> int:
@@ -45,26 +59,33 @@ class AcceptanceModel:
 
     @classmethod
     def constant(cls, k: int, rate: float) -> AcceptanceModel:
-        return cls([1.0] * k, [rate] * k, f"acceptance_rate={rate} at each of {k} positions")
+        return cls(
+            [1.0] * k, [rate] * k, f"acceptance_rate={rate} at each of {k} positions (given)"
+        )
 
     @classmethod
     def from_csv(cls, path: str | Path, k: int) -> AcceptanceModel:
         """A measured table's first ``k`` positions; positions it never saw get a
-        proposal rate of 0 (the real run never drafted that far)."""
+        proposal rate of 0 (the real run never drafted that far). ``#`` lines before
+        its header are kept as :attr:`header`."""
         path = Path(path)
         try:
             with open(path, newline="") as f:
-                rows = list(csv.DictReader(f))
-                columns = set(rows[0]) if rows else set()
+                lines = f.read().splitlines()
         except OSError as e:
             raise InputError(f"{path}: cannot read the acceptance table ({e.strerror})") from e
+        head = 0
+        while head < len(lines) and lines[head].startswith("#"):
+            head += 1
+        rows = list(csv.DictReader(lines[head:]))
+        columns = set(rows[0]) if rows else set()
         if missing := [c for c in TABLE_COLUMNS if c not in columns]:
             raise InputError(
                 f"{path}: the acceptance table needs the column(s) {', '.join(missing)}"
             )
         proposal, acceptance = [0.0] * k, [0.0] * k
         for i, row in enumerate(rows):
-            line = i + 2  # the header is line 1
+            line = head + i + 2  # after the # lines and the header
             values = {}
             for name in TABLE_COLUMNS:
                 try:
@@ -80,7 +101,8 @@ class AcceptanceModel:
                     raise InputError(f"{path}, line {line}: {name}={row[name]} is not in [0, 1]")
             if i < k:
                 proposal[i], acceptance[i] = values["proposal_rate"], values["acceptance_rate"]
-        return cls(proposal, acceptance, str(path))
+        header = [line.lstrip("#").strip() for line in lines[:head]]
+        return cls(proposal, acceptance, str(path), header)
 
     def num_drafts(self, rng: random.Random, room: int) -> int:
         """How many tokens the proposer drafts, with room for ``room``."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 
 import pandas as pd
 import pytest
@@ -14,6 +15,7 @@ from testbed.core import KVCacheManager, Scheduler, SchedulerConfig
 from testbed.core.engine import EngineCore
 from testbed.errors import InputError
 from testbed.job import run_from_config
+from testbed.models import PROJECT_ROOT
 from testbed.sim.acceptance import AcceptanceModel
 from testbed.sim.executor import SimExecutor
 from testbed.sim.simulator import Simulation
@@ -278,3 +280,123 @@ def test_a_draft_that_cannot_draft_for_the_target_is_refused_as_the_real_engine_
         draft_model(cfg)
     with pytest.raises(InputError, match=message):
         simulate(cfg, [], None)
+
+
+def test_simulated_speculation_needs_a_measured_table_or_a_given_rate(tmp_path):
+    """Without an acceptance table or rate a simulation with speculation is
+    refused, saying how to measure one (it used to accept 0.7 of the drafts of
+    any method, unasked); both at once are refused too; a rate given is named as
+    given in metrics.json and the summary."""
+    from testbed.build import acceptance_model, model_spec
+
+    for i, method in enumerate((["engine.speculative.method=ngram"], DUMMY_SELF_DRAFT)):
+        cfg = compose_cfg("mode=sim", *method)
+        with pytest.raises(InputError, match="needs an acceptance model, and has no default"):
+            acceptance_model(cfg, model_spec(cfg.model))
+        with pytest.raises(InputError, match=r"spec_acceptance\.csv in its run directory"):
+            run_from_config(cfg, tmp_path / f"refused{i}")
+    both = compose_cfg(
+        "mode=sim", "engine.speculative.method=ngram", "engine.speculative.acceptance_rate=0.5",
+        f"engine.speculative.acceptance_table={tmp_path / 't.csv'}",
+    )  # fmt: skip
+    with pytest.raises(InputError, match="give one"):
+        acceptance_model(both, model_spec(both.model))
+    given = compose_cfg(
+        "mode=sim", "engine.speculative.method=ngram", "engine.speculative.acceptance_rate=0.25",
+        "trace.num_requests=10", "logging=disabled", "progress=false", "plots=false",
+    )  # fmt: skip
+    metrics = run_from_config(given, tmp_path / "given")
+    assert metrics["spec_acceptance_model"] == "acceptance_rate=0.25 at each of 3 positions (given)"
+
+
+DUMMY_SELF_DRAFT = [
+    "engine.speculative.method=draft_model",
+    "engine.speculative.model=dummy-llama",
+    "engine.speculative.draft_num_layers=1",
+]
+
+
+def test_auto_takes_a_draft_models_table_named_after_the_draft(tmp_path, capsys):
+    """``acceptance_table=auto`` for a draft model reads
+    ``<model>.spec.draft_model.<draft>.csv`` (another draft accepts differently:
+    a table named after the method alone is not taken), its ``#`` lines kept as
+    how it was measured and shown in metrics.json; the summary names the table."""
+    profiles = tmp_path / "profiles" / "cpu"
+    profiles.mkdir(parents=True)
+    write_table(profiles / "dummy-llama.spec.draft_model.csv", ["0,1,0.9"])
+    base = [
+        "mode=sim", f"profiles_dir={tmp_path / 'profiles'}", *DUMMY_SELF_DRAFT,
+        "engine.speculative.acceptance_table=auto", "engine.speculative.draft_profile=null",
+        "trace.num_requests=10", "logging=disabled", "progress=false", "plots=false",
+    ]  # fmt: skip
+    named = profiles / "dummy-llama.spec.draft_model.dummy-llama.first1.csv"
+    with pytest.raises(InputError, match=re.escape(f"no table at {named}")):
+        run_from_config(compose_cfg(*base), tmp_path / "missing")
+    named.write_text(
+        "# command: python run.py mode=real ...\n# git: abc123\n"
+        "position,proposal_rate,acceptance_rate\n0,1,0.5\n1,1,0.5\n2,1,0.5\n"
+    )
+    capsys.readouterr()
+    metrics = run_from_config(compose_cfg(*base), tmp_path / "auto")
+    assert metrics["spec_acceptance_model"] == str(named)
+    assert metrics["spec_acceptance_table_header"] == [
+        "command: python run.py mode=real ...",
+        "git: abc123",
+    ]
+    assert f"speculation: acceptance model   {named}" in capsys.readouterr().out
+
+
+def test_a_tables_hash_lines_are_its_header_and_count_in_line_numbers(tmp_path):
+    path = write_table(tmp_path / "t.csv", ["0,1,0.5", "1,1,x"])
+    path.write_text("# measured: here\n#\n" + path.read_text())
+    with pytest.raises(InputError, match="line 5: acceptance_rate='x' is not a number"):
+        AcceptanceModel.from_csv(path, k=2)
+    path.write_text(path.read_text().replace(",x", ",0.25"))
+    model = AcceptanceModel.from_csv(path, k=2)
+    assert model.header == ["measured: here", ""]
+    assert model.acceptance_rates == [0.5, 0.25]
+
+
+SHIPPED_TABLES = sorted(PROJECT_ROOT.glob("profiles/*/*.spec.*.csv"))
+
+
+@pytest.mark.parametrize("path", SHIPPED_TABLES, ids=lambda p: p.name)
+def test_each_shipped_acceptance_table_says_how_it_was_measured(path):
+    """A table beside the profiles is a real run's spec_acceptance.csv with the
+    run's command, commit, date and host above it, and its counts agree with its
+    rates (the run's own numbers, not typed in)."""
+    model = AcceptanceModel.from_csv(path, k=16)
+    said = {line.split(":", 1)[0] for line in model.header}
+    assert {"command", "git", "date", "host"} <= said
+    table = pd.read_csv(path, comment="#")
+    assert (table.proposal_rate - table.proposed / table.offered).abs().max() < 1e-5
+    assert (table.acceptance_rate - table.accepted / table.verified).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize(
+    "method, table",
+    [
+        (["engine.speculative.method=ngram"], "tinystories-260k.spec.ngram.csv"),
+        (
+            [
+                "engine.speculative.method=draft_model",
+                "engine.speculative.model=tinystories-260k",
+                "engine.speculative.draft_num_layers=4",
+            ],
+            "tinystories-260k.spec.draft_model.tinystories-260k.first4.csv",
+        ),
+    ],
+)
+def test_auto_finds_the_shipped_tables_of_stories260k(method, table):
+    from testbed.build import acceptance_model, model_spec
+    from testbed.models import models_dir
+
+    if not (models_dir() / "stories260K" / "hf" / "config.json").exists():
+        pytest.skip(f"stories260K not found in {models_dir()} (set TESTBED_MODELS_DIR)")
+    cfg = compose_cfg(
+        "mode=sim", "model=tinystories-260k", "hardware=cpu1", *method,
+        "engine.speculative.acceptance_table=auto",
+    )  # fmt: skip
+    model = acceptance_model(cfg, model_spec(cfg.model))
+    assert model.source == str(PROJECT_ROOT / "profiles" / "cpu1" / table)
+    assert model.k == 3 and all(0 < a < 1 for a in model.acceptance_rates)
