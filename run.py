@@ -25,6 +25,7 @@ if (problem := unwritable_output_dir(sys.argv[1:])) is not None:
     sys.exit(2)
 
 import hydra  # noqa: E402
+from hydra.errors import CompactHydraException  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from testbed import config_schema  # noqa: E402
@@ -42,12 +43,19 @@ def main(cfg: DictConfig) -> float:
         try:
             metrics = run_from_config(cfg)
         except InputError as e:  # the message alone; the traceback with HYDRA_FULL_ERROR=1
-            if os.environ.get("HYDRA_FULL_ERROR") == "1" or in_sweep():
-                raise  # a sweep's job fails (and the sweep goes on); see report/sweep.py
+            if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                raise
+            if in_sweep():  # the job fails (the sweep goes on), named without a traceback
+                raise JobInputError(str(e)) from e
             print(f"Error: {e}", file=sys.stderr)
             sys.exit(2)
     # A number for Hydra's sweepers to optimise: the mean end-to-end latency.
     return metrics.get("e2e_s_mean", 0.0)
+
+
+class JobInputError(CompactHydraException):
+    """A sweep job's bad input: Hydra prints its message alone, as for its own
+    config errors (report/sweep_callback.py records it as the job's reason)."""
 
 
 def in_sweep() -> bool:

@@ -30,6 +30,8 @@ from testbed.report.plots import timeline, write_plots
 from testbed.report.progress import Progress
 from testbed.report.rundir import (
     claim,
+    release,
+    release_ahead,
     write_idle_probe,
     write_metrics,
     write_reference_probe,
@@ -43,11 +45,16 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from testbed.metrics import RunResult
+    from testbed.models import ModelSpec
 
 
 def run_from_config(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     """Run ``cfg`` and write its run directory; returns ``metrics.json``'s contents."""
-    validate(cfg)
+    try:
+        validate(cfg)
+    except InputError:
+        release_ahead()  # nothing ran: the folder stays free for the corrected run
+        raise
     if cfg.mode.name == "profile":
         from testbed.modes.profile import profile  # torch, only where a mode needs it
 
@@ -58,24 +65,12 @@ def run_from_config(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[
         claim(run_dir)
     except OSError as e:
         raise InputError(f"run directory {run_dir}: cannot be written ({e})") from e
-    spec = model_spec(cfg.model)
-    load = scaled_to_load(cfg, spec) if cfg.get("load") is not None else {}
-    if load:
-        print(
-            f"capacity {load['capacity_req_s']:.4g} req/s in simulation (fcfs, "
-            f"{load['capacity_from']}); replaying at {load['rate_req_s']:.4g} req/s "
-            f"(load {cfg.load:g})"
-        )
-        if cfg.load > 1:
-            print(
-                f"WARNING: load={cfg.load:g} is above the engine's capacity: it cannot keep up "
-                "with these arrivals, and latencies grow with the trace's length"
-            )
-    # A simulation makes its requests as it reaches them and keeps their records.
+    try:
+        spec, load, requests, fields = prepare(cfg)
+    except InputError:
+        release(run_dir)
+        raise
     sim = cfg.mode.name == "sim"
-    trace, requests = load_requests(cfg, spec, rate=load.get("rate_req_s"), stream=sim)
-    fields = run_fields(cfg, spec.name, trace)
-    del trace
 
     def start_wandb() -> WandbProcess:
         return WandbProcess(
@@ -121,6 +116,29 @@ def run_from_config(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[
     return metrics
 
 
+def prepare(cfg: DictConfig) -> tuple[ModelSpec, dict[str, Any], list, dict[str, Any]]:
+    """The run's model, its rate from ``load`` (where given), its requests and the
+    fields that say what was run."""
+    spec = model_spec(cfg.model)
+    load = scaled_to_load(cfg, spec) if cfg.get("load") is not None else {}
+    if load:
+        print(
+            f"capacity {load['capacity_req_s']:.4g} req/s in simulation (fcfs, "
+            f"{load['capacity_from']}); replaying at {load['rate_req_s']:.4g} req/s "
+            f"(load {cfg.load:g})"
+        )
+        if cfg.load > 1:
+            print(
+                f"WARNING: load={cfg.load:g} is above the engine's capacity: it cannot keep up "
+                "with these arrivals, and latencies grow with the trace's length"
+            )
+    # A simulation makes its requests as it reaches them and keeps their records.
+    trace, requests = load_requests(
+        cfg, spec, rate=load.get("rate_req_s"), stream=cfg.mode.name == "sim"
+    )
+    return spec, load, requests, run_fields(cfg, spec.name, trace)
+
+
 def hydra_run_dir() -> str:
     from hydra.core.hydra_config import HydraConfig
 
@@ -135,11 +153,31 @@ def run_fields(cfg: DictConfig, model: str, trace: pd.DataFrame) -> dict[str, An
         "trace": cfg.trace.name,
         "model": model,
         "hardware": cfg.hardware.name,
-        "num_replicas": cfg.cluster.num_replicas,
-        "router": cfg.cluster.router,
+        **cluster_shape(cfg.cluster),
         "seed": cfg.seed,
         "trace_notes": "; ".join(trace.attrs.get("notes", [])),
     }
+
+
+def cluster_shape(cluster: DictConfig) -> dict[str, Any]:
+    """The cluster's replicas and router: a disaggregated one's prefill and decode
+    replicas (``num_replicas`` their sum), its pairing and decider."""
+    disagg = cluster.num_prefill > 0
+    shape: dict[str, Any] = {
+        "num_replicas": cluster.num_prefill + cluster.num_decode
+        if disagg
+        else cluster.num_replicas,
+        "router": cluster.router,
+        "disaggregated": disagg,
+    }
+    if disagg:
+        shape |= {
+            "num_prefill": cluster.num_prefill,
+            "num_decode": cluster.num_decode,
+            "pairing": cluster.pairing,
+            "decider": cluster.decider,
+        }
+    return shape
 
 
 def report(

@@ -158,6 +158,20 @@ def claim(run_dir: Path, ahead: bool = False) -> None:
         _AHEAD.add(run_dir.resolve())
 
 
+def release(run_dir: Path) -> None:
+    """Give up this process's claim on ``run_dir``: a run refused for its input
+    before it started leaves the folder free for the corrected run."""
+    _AHEAD.discard(run_dir.resolve())
+    if read_claim(run_dir).get("pid") == os.getpid():
+        (run_dir / CLAIM).unlink(missing_ok=True)
+
+
+def release_ahead() -> None:
+    """Give up the claims made ahead of a run (see :func:`claim`)."""
+    for run_dir in list(_AHEAD):
+        release(run_dir)
+
+
 def read_claim(run_dir: Path) -> dict[str, Any]:
     """What a run folder's :data:`CLAIM` says ({} where it has none or cannot be read)."""
     try:

@@ -41,6 +41,7 @@ COLUMNS = {
     "policy": "policy",
     "trace": "trace",
     "num_finished": "finished",
+    "num_rejected": "rejected",
     "throughput_req_s": "req/s",
     "ttft_s_p50": "TTFT p50",
     "tpot_s_mean": "TPOT mean",
@@ -147,8 +148,9 @@ def sweep_runs(sweep_dir: Path, sweep: str | None = None) -> tuple[list[dict[str
     return runs, unread
 
 
-def failed_jobs(sweep_dir: Path, sweep: str | None = None) -> list[str]:
-    """The jobs of the sweep ``sweep`` that failed, each with its error."""
+def failed_jobs(sweep_dir: Path, sweep: str | None = None) -> list[dict[str, Any]]:
+    """The jobs of the sweep ``sweep`` that failed: each one's folder (``run``), its
+    error (``failed``) and its overrides (``settings``)."""
     failed = []
     for path in sorted(sweep_dir.glob(f"*/{FAILED}"), key=lambda p: job_order(p.parent)):
         try:
@@ -156,7 +158,12 @@ def failed_jobs(sweep_dir: Path, sweep: str | None = None) -> list[str]:
         except (OSError, json.JSONDecodeError):
             record = {"error": "(its record cannot be read)"}
         if sweep is None or record.get("sweep") == sweep:
-            failed.append(f"{path.parent.name}: {record.get('error')}")
+            overrides = job_overrides(path.parent) or []
+            failed.append({
+                "run": path.parent.name,
+                "failed": str(record.get("error")),
+                "settings": settings(overrides),
+            })  # fmt: skip
     return failed
 
 
@@ -243,7 +250,9 @@ def table(headings: list[str], rows: list[list[str]]) -> str:
 
 
 def summary(
-    runs: list[dict[str, Any]], unread: Sequence[str] = (), failed: Sequence[str] = ()
+    runs: list[dict[str, Any]],
+    unread: Sequence[str] = (),
+    failed: Sequence[dict[str, Any]] = (),
 ) -> str:
     """The printed summary: the sweep's own runs, then the sim-vs-real pairs, the
     speed check, the jobs that failed and the ``metrics.json`` files that could
@@ -284,15 +293,16 @@ def summary(
             "not what the sweep varied. Repeat the sweep (in another order) to see how "
             "much, or compare the policies in simulation."
         )
-    parts += [f"FAILED {f}" for f in failed]
+    parts += [f"FAILED {f['run']}: {f['failed']}" for f in failed]
     parts += [f"not read: {u}" for u in unread]
     return "\n\n".join(parts)
 
 
 def write_summary(sweep_dir: Path, sweep: str | None = None) -> str | None:
     """Write ``sweep_summary.csv`` under ``sweep_dir`` (the jobs of the sweep
-    ``sweep``; every job there where it is None) and return the printed summary;
-    None where no job wrote a ``metrics.json`` or failed (a sweep of profiles)."""
+    ``sweep``; every job there where it is None: a row per run, and a row per
+    failed job with its error in ``failed``) and return the printed summary; None
+    where no job wrote a ``metrics.json`` or failed (a sweep of profiles)."""
     runs, unread = sweep_runs(sweep_dir, sweep)
     failed = failed_jobs(sweep_dir, sweep)
     own = [r for r in runs if r["own"]]
@@ -300,12 +310,16 @@ def write_summary(sweep_dir: Path, sweep: str | None = None) -> str | None:
         return None
     import pandas as pd
 
-    if own:
-        swept = swept_keys(own)
-        frame = pd.DataFrame(own).drop(columns=["own", "settings"])
+    rows = sorted([*own, *failed], key=lambda r: job_order(Path(r["run"])))
+    if rows:
+        swept = swept_keys(rows)
+        frame = pd.DataFrame(rows, columns=["run", *COLUMNS, "partial", "pair", "failed"])
         for i, key in enumerate(swept):
-            frame.insert(1 + i, key, [overridden(r, key) for r in own])
-        frame = frame.assign(pair=lambda t: t["pair"].map(" ".join))
+            frame.insert(1 + i, key, [overridden(r, key) for r in rows])
+        pairs = frame["pair"].map(lambda p: " ".join(p) if isinstance(p, tuple) else "")
+        failed_as = frame["failed"].astype(object).where(frame["failed"].notna(), "")
+        counts = {c: frame[c].astype("Int64") for c in ("num_finished", "num_rejected")}
+        frame = frame.assign(pair=pairs, failed=failed_as, **counts)
         tmp = sweep_dir / f".sweep_summary.{os.getpid()}.csv"  # jobs in parallel rewrite it
         frame.to_csv(tmp, index=False)
         os.replace(tmp, sweep_dir / "sweep_summary.csv")

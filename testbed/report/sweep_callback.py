@@ -5,6 +5,7 @@ whole sweep."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import uuid
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.utils import JobReturn, JobStatus
+from hydra.errors import CompactHydraException
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
@@ -24,10 +26,24 @@ from testbed.report.wandb_log import log_experiment
 
 class SweepSummary(Callback):
     """Gives the sweep an id its jobs' folders record, rewrites its summary after
-    every job (naming a failed job's error) and prints it when the multirun ends."""
+    every job (naming a failed job's error) and prints it when the multirun ends.
+
+    Hydra's sweepers raise a failed job's error once its batch has run, and the
+    multirun then ends without ``on_multirun_end``: the sweep's end (summary,
+    dashboard, W&B) then runs as the process exits, for the jobs that finished."""
+
+    def __init__(self) -> None:
+        self.ended = True  # no multirun under way
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         os.environ[SWEEP_ID] = uuid.uuid4().hex  # inherited by launcher workers
+        self.ended = False
+        atexit.register(self.end_if_cut_short, config)
+
+    def end_if_cut_short(self, config: DictConfig) -> None:
+        if not self.ended:
+            print("\nthe sweep stopped at a failed job; what its finished jobs measured:")
+            self.on_multirun_end(config)
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         if config.hydra.mode != RunMode.MULTIRUN:
@@ -37,7 +53,7 @@ class SweepSummary(Callback):
         failed = job_return.status == JobStatus.FAILED
         if failed:
             error = job_return._return_value
-            message = f"{type(error).__name__}: {error}"
+            message = job_error(error)
             record = {"sweep": os.environ.get(SWEEP_ID), "error": message}
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / FAILED).write_text(json.dumps(record) + "\n")
@@ -46,6 +62,7 @@ class SweepSummary(Callback):
             print(f"\nsweep {sweep_dir} so far ({sweep_dir / 'sweep_summary.csv'}):\n{text}")
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        self.ended = True
         # Hydra resolves ${now:...} once per config (cached): the launcher's directory
         sweep_dir = Path(str(config.hydra.sweep.dir))
         text = write_summary(sweep_dir, os.environ.get(SWEEP_ID))
@@ -59,6 +76,14 @@ class SweepSummary(Callback):
         except Exception as e:  # the runs are written; a figure that fails must not hide them
             print(f"WARNING: the sweep's dashboard could not be written: {type(e).__name__}: {e}")
         log_sweep(config, sweep_dir, dashboard)
+
+
+def job_error(error: BaseException) -> str:
+    """A failed job's reason: a bad input's message (the job's ``InputError``, which
+    ``run.py`` raises as Hydra's compact kind), else the error's type and message."""
+    if isinstance(error, CompactHydraException):
+        return f"InputError: {error}"
+    return f"{type(error).__name__}: {error}"
 
 
 def log_sweep(config: DictConfig, sweep_dir: Path, dashboard: Path | None) -> None:

@@ -346,15 +346,27 @@ def test_a_run_whose_folder_cannot_be_written_says_so_and_writes_elsewhere(
 
 @pytest.mark.slow
 def test_a_sweep_with_a_failing_job_summarises_the_rest_and_names_it(tmp_path):
+    """The failing job comes first: the jobs after it still run, and the sweep's
+    end (its summary, with a FAILED row naming the reason, and its dashboard) is
+    still written, with the bad input named in one line, no traceback."""
     cmd = [
-        sys.executable, str(ROOT / "run.py"), "-m", "engine.block_size=16,0",
+        sys.executable, str(ROOT / "run.py"), "-m", "engine.block_size=0,16",
         "trace.num_requests=20", *QUIET, f"hydra.sweep.dir={tmp_path}",
     ]  # fmt: skip
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert res.returncode != 0  # Hydra reports the failed job
-    summary = pd.read_csv(tmp_path / "sweep_summary.csv")
-    assert list(summary["run"]) == ["0_engine.block_size=16,trace.num_requests=20"]
-    assert "FAILED 1_engine.block_size=0,trace.num_requests=20: InputError" in res.stdout
+    assert "Traceback" not in res.stderr and "must be an integer >= 1" in res.stderr
+    summary = pd.read_csv(tmp_path / "sweep_summary.csv", keep_default_na=False)
+    assert list(summary["run"]) == [
+        "0_engine.block_size=0,trace.num_requests=20",
+        "1_engine.block_size=16,trace.num_requests=20",
+    ]
+    assert summary["failed"][0].startswith("InputError: engine.block_size=0")
+    assert summary["failed"][1] == "" and int(summary["num_finished"][1]) == 20
+    assert "FAILED 0_engine.block_size=0,trace.num_requests=20: InputError" in res.stdout
+    end = res.stdout.rindex("the sweep stopped at a failed job")
+    assert "1_engine.block_size=16" in res.stdout[end:]
+    assert (tmp_path / "dashboard.html").exists()
 
 
 def test_a_custom_policy_is_labelled_by_its_classs_name(tmp_path):
@@ -418,3 +430,11 @@ def test_a_refused_run_leaves_the_folder_it_was_refused_byte_identical(tmp_path)
     assert refused.returncode == 2 and "already holds a run" in refused.stderr
     assert "Traceback" not in refused.stderr
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+
+
+def test_a_run_refused_for_its_input_leaves_the_folder_free_for_the_corrected_one(tmp_path):
+    with pytest.raises(InputError, match="no requests to run"):
+        empty = tmp_path / "empty.csv"
+        empty.write_text("arrival_s,prompt_tokens,output_tokens\n")
+        run(tmp_path, "trace=csv", f"trace.path={empty}")
+    assert run(tmp_path, "trace.num_requests=5")["num_finished"] == 5

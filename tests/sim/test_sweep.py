@@ -163,3 +163,12 @@ def test_a_job_is_read_once_until_its_metrics_change(tmp_path, monkeypatch):
     path.write_text(json.dumps(metrics))  # rewritten (a longer file): read anew
     (row,), _ = sweep_runs(tmp_path)
     assert row["e2e_s_mean"] == 2.75 and len(reads) == 2
+
+
+def test_the_summary_counts_each_runs_rejected_requests(tmp_path):
+    """A trace that rejects requests for length would otherwise hide it."""
+    job(tmp_path, 0, "sim", "fcfs", num_rejected=0)
+    job(tmp_path, 1, "sim", "sjf", num_rejected=45)
+    text = write_summary(tmp_path)
+    assert "rejected" in text.splitlines()[0].split()
+    assert list(pd.read_csv(tmp_path / "sweep_summary.csv")["num_rejected"]) == [0, 45]
