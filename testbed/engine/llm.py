@@ -7,7 +7,8 @@
 
 ``model`` is an HF folder (config.json + model.safetensors, tokenizer optional) or
 the name of a model config in ``conf/model/`` (its shape with seeded dummy
-weights, or its ``path``).
+weights, or its ``path``). With ``speculative_config``, :meth:`LLM.get_metrics`
+says how many drafts were accepted, as vLLM's ``get_metrics`` does.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.core import Request, SamplingParams
+from testbed.core.spec_stats import SpecDecodingStats
 from testbed.engine.args import EngineArgs
 from testbed.engine.factory import build_engine, engine_model
 
@@ -76,6 +78,30 @@ class LLM:
         while self.engine.has_unfinished_requests():
             self.engine.step()
         return [self._output(r) for r in reqs]
+
+    @property
+    def spec_stats(self) -> SpecDecodingStats:
+        """Speculative decoding's counts since this LLM was made, over every
+        :meth:`generate` call (a copy: later calls do not change it); its
+        ``table()`` is the simulator's acceptance table (``spec_acceptance.csv``)."""
+        return SpecDecodingStats.merged([self.engine.scheduler.spec_stats])
+
+    def get_metrics(self) -> dict[str, Any]:
+        """Speculative decoding's acceptance since this LLM was made, over every
+        :meth:`generate` call, named as in a run's ``metrics.json``: drafts
+        verified (``spec_num_drafts``), their draft tokens and the accepted ones,
+        accepted tokens per draft position (vLLM's
+        ``spec_decode_num_accepted_tokens_per_pos``), the acceptance rate
+        (accepted / draft tokens), the mean acceptance length (1 + accepted /
+        drafts: tokens a verification yields) and the acceptance rate per
+        position (accepted there / drafts with a token there). All zero without
+        speculation."""
+        stats = self.spec_stats
+        return {
+            **stats.metrics(),
+            "spec_num_accepted_tokens_per_pos": list(stats.accepted_per_pos)
+            + [0] * (len(stats.drafted_per_pos) - len(stats.accepted_per_pos)),
+        }
 
     def _encode(self, prompt: Sequence[int] | str) -> list[int]:
         if isinstance(prompt, str):

@@ -259,6 +259,45 @@ def test_sampled_requests_with_speculation_are_seeded_per_request():
     assert llm.engine.scheduler.spec_stats.num_drafts > 0
 
 
+def test_the_llm_reports_speculations_acceptance_summed_over_its_generate_calls():
+    """LLM.get_metrics: drafts, draft tokens, accepted tokens (in all and per
+    position), acceptance rate and mean acceptance length since the LLM was made.
+    Two generate calls add up to what a fresh LLM counts for each call's prompts
+    (a request's greedy n-gram drafts are its own, whatever else runs); the
+    rates follow from the counts; spec_stats is a copy that later calls leave."""
+    spec = {"method": "ngram", "num_speculative_tokens": 3}
+    greedy = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    prompts = repetitive_prompts(6, seed=3)
+    llm = LLM(stories(), speculative_config=spec)
+    assert llm.get_metrics()["spec_num_drafts"] == 0
+    llm.generate(prompts[:3], greedy)
+    first, snapshot = llm.get_metrics(), llm.spec_stats
+    llm.generate(prompts[3:], greedy)
+    both = llm.get_metrics()
+    alone = LLM(stories(), speculative_config=spec)
+    alone.generate(prompts[3:], greedy)
+    second = alone.get_metrics()
+    for key in ("spec_num_drafts", "spec_num_draft_tokens", "spec_num_accepted_tokens"):
+        assert first[key] > 0 and both[key] == first[key] + second[key], key
+    per_pos = both["spec_num_accepted_tokens_per_pos"]
+    assert len(per_pos) == 3 and sum(per_pos) == both["spec_num_accepted_tokens"]
+    assert per_pos == [
+        a + b
+        for a, b in zip(
+            first["spec_num_accepted_tokens_per_pos"],
+            second["spec_num_accepted_tokens_per_pos"],
+            strict=True,
+        )
+    ]
+    accepted = both["spec_num_accepted_tokens"]
+    assert both["spec_acceptance_rate"] == accepted / both["spec_num_draft_tokens"]
+    assert both["spec_mean_acceptance_length"] == 1 + accepted / both["spec_num_drafts"]
+    assert snapshot.num_drafts == first["spec_num_drafts"] < both["spec_num_drafts"]
+    plain = LLM(stories())
+    plain.generate(prompts[:1], greedy)
+    assert plain.get_metrics()["spec_num_draft_tokens"] == 0
+
+
 def test_a_draft_model_that_is_the_target_drafts_what_the_target_then_accepts():
     """All five layers of stories260K as its own draft: every draft is the target's
     own choice, so (greedy and sampled alike) every draft token is accepted. A
