@@ -107,6 +107,8 @@ def run_from_config(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[
     except BaseException as e:
         if wandb is not None:
             wandb.abandon(f"{type(e).__name__}: {e}")
+        if isinstance(e, InputError):  # refused before it ran: nothing written
+            release(run_dir)
         raise
     report(cfg, run_dir, result, req_df, metrics, wandb or start_wandb(), wall_start)
     if isinstance(result.error, KeyboardInterrupt):

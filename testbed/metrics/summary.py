@@ -8,8 +8,10 @@ Definitions (times in seconds, rates per second):
   together in one speculative step have a gap of 0). E2E: finish - arrival.
   Queue: first scheduled - arrival.
 * Latency statistics cover finished requests (not rejected, not unfinished).
-* duration_s: from the first arrival to the last finish. Throughputs count
-  finished requests and their tokens over that duration.
+* duration_s: from the first arrival to the last finish; in a run stopped
+  part-way, to the moment it stopped (its rates are over the time it ran, not
+  over the span of the few requests that finished). Throughputs count finished
+  requests and their tokens over that duration.
 * SLOs: a finished request meets its SLOs when its TTFT and TPOT are within
   those it carries (one it lacks is met). ``slo_attainment`` is the fraction of
   all requests that finished and met them (rejected and unfinished ones miss);
@@ -20,12 +22,22 @@ Definitions (times in seconds, rates per second):
   last step). finished_per_arrival: from the arrival of the first quarter's
   last request to the last arrival, the requests that finished over those that
   arrived (the capacity search's criterion, ``testbed/capacity.py``).
-  ``overloaded`` when fewer than 95% as many finished as arrived (but for the
-  last, which cannot have): the engine fell behind the trace, and latencies
-  then measure the backlog, which grows with the trace's length, rather than
-  the policy's effect on a steady queue.
-* top_reject_reasons: the commonest reasons of the rejected requests (numbers
-  in them as N), with their counts.
+  backlog_growth: how much the number of admitted requests in the engine
+  (arrived, not finished) grew over that window, by a least-squares line
+  through its value at each arrival; backlog_spread: the standard deviation of
+  those values about the line.
+* overloaded: the engine fell behind the trace, so latencies measure a backlog
+  that grows with the trace's length rather than the policy's effect on a
+  steady queue. True when fewer than 95% as many requests finished as arrived
+  in the window (but for the last, which cannot have) and the backlog grew by
+  more than three times its spread about its trend (a queue that fluctuates finishes
+  fewer than arrived over a short window too; one that grows does so for the
+  whole window). None (not judged) in a run stopped part-way or with fewer
+  than :data:`MIN_ARRIVALS` arrivals in the window: too few to tell a growing
+  queue from a fluctuating one.
+* top_reject_reasons: the commonest reasons of the rejected requests, alike but
+  for their numbers, with their counts; a number that varies among them as its
+  range (``12 x prompt of 4100-9000 tokens exceeds max_model_len=4096``).
 * kv_usage_mean weights each step by its latency (a time average).
 * tenant_service_jain: Jain's index over tenants of (tokens served / tokens
   asked for); 1.0 when every tenant got the same share of what it asked.
@@ -42,6 +54,7 @@ Definitions (times in seconds, rates per second):
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -93,7 +106,32 @@ def kept_up(finished: int, arrived: int) -> bool:
     return finished + 1 >= SUSTAINED * arrived
 
 
-def backlog(df: pd.DataFrame, end: float = math.inf) -> dict[str, float | int | bool]:
+# Below this many arrivals in the window no overload verdict is given: a short
+# trace is mostly the engine filling up (its batch, then its step time and the
+# number in flight, grow until they settle), which a least-squares trend cannot
+# tell from a queue that grows without end (measured: docs/outputs.md).
+MIN_ARRIVALS = 50
+GROWTH_SPREADS = 3.0  # a backlog grows when its trend rises this many spreads
+
+
+def backlog_trend(admitted: pd.DataFrame, start: float, last: float) -> tuple[float, float]:
+    """The growth over ``[start, last]`` of the number of admitted requests that
+    had arrived and not finished, by a least-squares line through its value at
+    each arrival there, and its standard deviation about that line."""
+    arrivals = np.sort(admitted["arrival_s"].to_numpy(float))
+    finishes = np.sort(admitted["finish_s"].dropna().to_numpy(float))
+    at = arrivals[(arrivals >= start) & (arrivals <= last)]
+    if len(at) < 3 or last <= start:
+        return math.nan, math.nan
+    in_engine = np.searchsorted(arrivals, at, "right") - np.searchsorted(finishes, at, "right")
+    slope, intercept = np.polyfit(at, in_engine, 1)
+    spread = float(np.std(in_engine - (slope * at + intercept)))
+    return float(slope * (last - start)), spread
+
+
+def backlog(
+    df: pd.DataFrame, end: float = math.inf, partial: bool = False
+) -> dict[str, float | int | bool | None]:
     """Whether the engine kept up with the trace (see the module docstring), over
     the requests that arrived by ``end`` (where a run stopped part-way)."""
     admitted = df[(df["status"] != "rejected") & (df["arrival_s"] <= end)]
@@ -102,7 +140,9 @@ def backlog(df: pd.DataFrame, end: float = math.inf) -> dict[str, float | int | 
             "offered_req_s": math.nan,
             "waiting_at_last_arrival": 0,
             "finished_per_arrival": math.nan,
-            "overloaded": False,
+            "backlog_growth": math.nan,
+            "backlog_spread": math.nan,
+            "overloaded": None,
         }
     arrivals = admitted["arrival_s"]
     last = float(arrivals.max())
@@ -110,23 +150,45 @@ def backlog(df: pd.DataFrame, end: float = math.inf) -> dict[str, float | int | 
     # Never scheduled (an interrupted run's waiting requests) counts as not yet.
     started = admitted["first_scheduled_s"].fillna(math.inf)
     waiting = int((started > last).sum())
-    finished, arrived = finished_and_arrived(admitted, *arrivals_window(arrivals.to_numpy()))
+    window = arrivals_window(arrivals.to_numpy())
+    finished, arrived = finished_and_arrived(admitted, *window)
+    growth, spread = backlog_trend(admitted, *window)
+    grew = not kept_up(finished, arrived) and growth > GROWTH_SPREADS * spread
     return {
         "offered_req_s": len(admitted) / span if span > 0 else math.nan,
         "waiting_at_last_arrival": waiting,
         "finished_per_arrival": finished / arrived if arrived else math.nan,
-        "overloaded": not kept_up(finished, arrived),
+        "backlog_growth": growth,
+        "backlog_spread": spread,
+        "overloaded": None if partial or arrived < MIN_ARRIVALS else bool(grew),
     }
 
 
+NUMBER = r"\d+(?:\.\d+)?"
+
+
 def top_reject_reasons(df: pd.DataFrame, most: int = 3) -> str:
-    """The commonest rejection reasons, numbers in them as N: ``"12 x prompt of N
-    tokens ...; 3 x ..."`` ("" where nothing was rejected)."""
+    """The commonest rejection reasons, alike but for their numbers, with their
+    counts; a number the same in every one as it is, one that varies as its range:
+    ``"12 x prompt of 4100-9000 tokens exceeds max_model_len=4096; 3 x ..."``
+    ("" where nothing was rejected)."""
     reasons = df.loc[df["status"] == "rejected", "reason"].dropna().astype(str)
     if reasons.empty:
         return ""
-    counts = reasons.str.replace(r"\d+(\.\d+)?", "N", regex=True).value_counts()
-    return "; ".join(f"{n} x {reason}" for reason, n in counts.head(most).items())
+    kinds = reasons.str.replace(NUMBER, "\0", regex=True)  # a mark no reason holds
+    parts = []
+    for kind, n in kinds.value_counts().head(most).items():
+        numbers = reasons[kinds == kind].str.findall(NUMBER)
+        columns = zip(*numbers, strict=True)
+        shown = iter([span(list(values)) for values in columns])
+        parts.append(f"{n} x " + re.sub("\0", lambda _, shown=shown: next(shown), kind))
+    return "; ".join(parts)
+
+
+def span(values: list[str]) -> str:
+    """One number where all are the same, else their lowest-highest."""
+    low, high = min(values, key=float), max(values, key=float)
+    return low if float(low) == float(high) else f"{low}-{high}"
 
 
 def _jain(x: np.ndarray) -> float:
@@ -180,6 +242,8 @@ def summarize(result: RunResult, df: pd.DataFrame | None = None) -> dict[str, fl
     n_done = len(done)
     start = float(df["arrival_s"].min()) if len(df) else 0.0
     end = float(done["finish_s"].max()) if n_done else start
+    if result.partial:  # over the time it ran, not the span of what finished
+        end = max(end, result.duration_s)
     duration = end - start
     per_s = (lambda x: x / duration) if duration > 0 else (lambda x: math.nan)
     out_tok = float(done["output_tokens"].sum())
@@ -208,7 +272,7 @@ def summarize(result: RunResult, df: pd.DataFrame | None = None) -> dict[str, fl
         else:
             m.update(_stats(name, done[name].to_numpy(float)))
     totals = step_totals(steps)
-    m.update(backlog(df, totals["end"]))
+    m.update(backlog(df, totals["end"], result.partial))
     m["top_reject_reasons"] = top_reject_reasons(df)
     m["num_preemptions"] = int(df["preemptions"].sum())
     m["goodput_req_s"] = per_s(int(met.sum()))

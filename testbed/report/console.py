@@ -9,21 +9,53 @@ from collections.abc import Mapping
 from typing import Any
 
 
+def number(value: Any, spec: str) -> str:
+    """``value`` formatted by ``spec``; "-" where it is absent (null or NaN)."""
+    return "-" if value is None or value != value else format(value, spec)
+
+
+def cluster_label(m: Mapping[str, Any]) -> str:
+    """The cluster's shape for the header ("" for one engine)."""
+    if m.get("disaggregated"):
+        return (
+            f"disaggregated {m['num_prefill']} prefill + {m['num_decode']} decode "
+            f"(router {m['router']}, pairing {m['pairing']}, decider {m['decider']})"
+        )
+    replicas = m.get("num_replicas", 1)
+    return f"{replicas} replicas, router {m['router']}" if replicas > 1 else ""
+
+
+def latency_rows(m: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Throughput and latencies; one line in words where nothing finished."""
+    if not m["num_finished"]:
+        ran = m.get("duration_s")
+        during = f" in the {ran:.3g} s it ran" if ran else ""
+        return [("throughput, latencies", f"none: no request finished{during}")]
+    return [
+        (
+            "throughput (req/s, out tok/s)",
+            f"{number(m['throughput_req_s'], '.3f')}, "
+            f"{number(m['throughput_output_tok_s'], '.1f')}",
+        ),
+        ("TTFT mean / p99 (s)", f"{m['ttft_s_mean']:.4f} / {m['ttft_s_p99']:.4f}"),
+        ("TPOT mean / p99 (s)", f"{number(m['tpot_s_mean'], '.4f')} / "
+         f"{number(m['tpot_s_p99'], '.4f')}"),
+        ("E2E mean / p99 (s)", f"{m['e2e_s_mean']:.3f} / {m['e2e_s_p99']:.3f}"),
+    ]  # fmt: skip
+
+
 def print_summary(m: Mapping[str, Any]) -> None:
     rows = [
         ("requests (finished / rejected)", f"{m['num_finished']} / {m['num_rejected']}"),
-        (
-            "throughput (req/s, out tok/s)",
-            f"{m['throughput_req_s']:.3f}, {m['throughput_output_tok_s']:.1f}",
-        ),
-        ("TTFT mean / p99 (s)", f"{m['ttft_s_mean']:.4f} / {m['ttft_s_p99']:.4f}"),
-        ("TPOT mean / p99 (s)", f"{m['tpot_s_mean']:.4f} / {m['tpot_s_p99']:.4f}"),
-        ("E2E mean / p99 (s)", f"{m['e2e_s_mean']:.3f} / {m['e2e_s_p99']:.3f}"),
+        *latency_rows(m),
         (
             "preemptions, prefix hit rate",
             f"{m['num_preemptions']}, {m['prefix_cache_hit_rate']:.3f}",
         ),
-        ("KV usage mean / max", f"{m['kv_usage_mean']:.3f} / {m['kv_usage_max']:.3f}"),
+        (
+            "KV usage mean / max",
+            f"{number(m['kv_usage_mean'], '.3f')} / {number(m['kv_usage_max'], '.3f')}",
+        ),
         ("latency model", str(m.get("latency_model"))),
         ("wall time (s)", f"{m['wall_s']:.2f}"),
     ]
@@ -53,6 +85,8 @@ def print_summary(m: Mapping[str, Any]) -> None:
     if m.get("top_reject_reasons"):
         rows.insert(1, ("rejected because", m["top_reject_reasons"]))
     head = f"{m['mode']} | {m['policy']} | {m['trace']} | {m['model']} on {m['hardware']}"
+    if cluster := cluster_label(m):
+        head += f" | {cluster}"
     if m.get("partial"):
         head += f" | PARTIAL ({m.get('stop_reason')})"
     width = max(len(k) for k, _ in rows)

@@ -60,3 +60,17 @@ def test_ttft_jain_sees_one_tenant_kept_waiting_where_service_jain_cannot(tmp_pa
     inv = np.array([1 / t for t in ttft])
     assert m["tenant_ttft_jain"] == pytest.approx(inv.sum() ** 2 / (len(inv) * (inv**2).sum()))
     assert m["tenant_service_jain"] == 1.0  # every request served in the end
+
+
+def test_the_backlog_trend_tells_a_growing_queue_from_a_steady_one():
+    from testbed.metrics.summary import backlog_trend
+
+    arrivals = np.arange(100.0)
+    # Steady: every request takes 3 s (three in the engine at any time).
+    steady = pd.DataFrame({"arrival_s": arrivals, "finish_s": arrivals + 3.0})
+    growth, spread = backlog_trend(steady, 25.0, 99.0)
+    assert abs(growth) < 1e-9 and spread < 1e-9
+    # Growing: one request in two finishes; the other never does (50 more by the end).
+    growing = steady.assign(finish_s=np.where(arrivals % 2 == 0, arrivals + 1.0, np.nan))
+    growth, spread = backlog_trend(growing, 25.0, 99.0)
+    assert growth == pytest.approx(37, abs=1.0) and spread < 1.0
