@@ -152,13 +152,23 @@ def run_fields(cfg: DictConfig, model: str, trace: pd.DataFrame) -> dict[str, An
     return {
         "mode": cfg.mode.name,
         "policy": policy_name(cfg),
-        "trace": cfg.trace.name,
+        "trace": trace_label(cfg),
         "model": model,
         "hardware": cfg.hardware.name,
         **cluster_shape(cfg.cluster),
         "seed": cfg.seed,
         "trace_notes": "; ".join(trace.attrs.get("notes", [])),
     }
+
+
+def trace_label(cfg: DictConfig) -> str:
+    """The trace's config as chosen (``trace=azure_conv_tenants``) where Hydra made
+    the choice, else its loader's name (``cfg.trace.name``, which variants share)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized():
+        return str(HydraConfig.get().runtime.choices.get("trace") or cfg.trace.name)
+    return cfg.trace.name
 
 
 def cluster_shape(cluster: DictConfig) -> dict[str, Any]:

@@ -60,3 +60,31 @@ def test_policy_comparison_sweeps_every_bundled_policy_with_seeds_and_loads():
         3,
     )
     assert cfg.trace.seed == cfg.seed  # the seed draws the tenants and classes
+
+
+@pytest.mark.slow
+def test_the_readmes_policy_sweep_shows_policies_that_differ(tmp_path):
+    """The README's sweep of policies x traces (on the traces' first 400 requests):
+    under each trace every policy's row differs from the others', and each row
+    counts its rejected requests."""
+    import re
+
+    from tests.sim.helpers import run
+    from traces import traces_dir
+
+    readme = (PROJECT_ROOT / "README.md").read_text()
+    command = re.search(r"# 2\. A sweep.*?\n(python run\.py -m .*?)\n\n", readme, re.S).group(1)
+    args = command.replace("\\\n", " ").split()[3:]  # after "python run.py -m"
+    sweep = {k: v.split(",") for k, v in (a.split("=", 1) for a in args) if "," in v}
+    fixed = [a for a in args if "," not in a and not a.startswith("logging")]
+    assert set(sweep) == {"policy", "trace"}
+    if not (traces_dir() / "azure_llm_2023").exists():
+        pytest.skip(f"shared traces not found under {traces_dir()}")
+    for trace in sweep["trace"]:
+        rows = {}
+        for policy in sweep["policy"]:
+            picked = [f"policy={policy}", f"trace={trace}", "trace.num_requests=400"]
+            m = run(tmp_path, *fixed, *picked, "capacity_cache=null", name=f"{trace}-{policy}")
+            assert "num_rejected" in m
+            rows[policy] = (m["ttft_s_p50"], m["e2e_s_mean"], m["tenant_ttft_jain"])
+        assert len(set(rows.values())) == len(rows), (trace, rows)

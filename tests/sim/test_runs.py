@@ -484,3 +484,14 @@ def test_a_run_refused_for_its_input_leaves_the_folder_free_for_the_corrected_on
         empty.write_text("arrival_s,prompt_tokens,output_tokens\n")
         run(tmp_path, "trace=csv", f"trace.path={empty}")
     assert run(tmp_path, "trace.num_requests=5")["num_finished"] == 5
+
+
+def test_a_trace_variant_is_labelled_by_its_config_not_its_loader(tmp_path):
+    """trace=burst builds on the synthetic loader: the run says burst."""
+    cmd = [sys.executable, str(ROOT / "run.py"), *QUIET, f"hydra.run.dir={tmp_path}"]
+    cmd += ["trace=burst", "trace.num_requests=5"]
+    env = {**os.environ, "TESTBED_NO_BOOTSTRAP": "1"}
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert json.loads((tmp_path / "metrics.json").read_text())["trace"] == "burst"
+    assert "sim | fcfs | burst |" in res.stdout
