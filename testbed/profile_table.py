@@ -42,6 +42,17 @@ def profile_machine(header: dict) -> str | None:
     return header.get("machine") or header.get("cpu")
 
 
+def profile_speed_moved(header: dict) -> float | None:
+    """How much the machine's speed moved while a profile was measured: its header's
+    ``speed_moved`` (the profiler's probe, its slowest stretch against its fastest,
+    as a fraction); None where the header does not say (tables measured before it
+    had the field, or with too few probe samples: ``n/a``)."""
+    try:
+        return float(header["speed_moved"].split()[0])
+    except (KeyError, ValueError, IndexError):
+        return None
+
+
 def write_profile(path: Path, header: dict, table: pd.DataFrame | list[dict]) -> None:
     table = pd.DataFrame(table) if isinstance(table, list) else table
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -90,6 +101,12 @@ def merge_profiles(paths: list[Path], out: Path) -> Path:
             header[key] = f"{statistics.fmean(probes):.6g} (passes: {listed})"
         else:
             header.pop(key, None)  # a mean over some passes would not match the rows
+    moved = [profile_speed_moved(h) for h in headers]
+    if None in moved:  # a pass that does not say: the merged table cannot either
+        header.pop("speed_moved", None)
+    else:  # the passes' largest: the merge holds every pass's rows
+        listed = ", ".join(f"{m:.3g}" for m in moved)
+        header["speed_moved"] = f"{max(moved):.3g} (the largest of the passes': {listed})"
     header["measured_by"] = f"{headers[0].get('measured_by', '?')}; {len(paths)} passes merged"
     write_profile(out, header, pd.concat(tables, ignore_index=True))
     return out

@@ -36,8 +36,15 @@ from testbed.profiling.probes import (
     probe_headers,
     speed_probe,
 )
-from testbed.profiling.reference_probe import ReferenceProbe, reference_header
+from testbed.profiling.progress import duration, point_work, seconds_left
+from testbed.profiling.reference_probe import (
+    ReferenceProbe,
+    beside_busy,
+    reference_header,
+    sample_table,
+)
 from testbed.profiling.replay_steps import SPARSE_RATE, measure_replay, replay_kv_blocks
+from testbed.profiling.steadiness import samples_per_pause, speed_header
 
 
 def run_profile(
@@ -69,7 +76,14 @@ def run_profile(
     beforehand). With ``reference_cpus``, a
     :class:`~testbed.profiling.reference_probe.ReferenceProbe` runs on those cores
     throughout, and the header's ``reference_probe_s`` is its median beside the
-    busy engine, which runs with ``hardware.reference_cpus`` compare with theirs."""
+    busy engine, which runs with ``hardware.reference_cpus`` compare with theirs.
+
+    After each grid point it prints how far the grid has got, the time spent and
+    about how long the rest should take; the header's ``speed_moved`` is how much
+    the machine's speed moved meanwhile (:mod:`~testbed.profiling.steadiness`:
+    the idle probe, taken :func:`samples_per_pause` times after each point, and
+    the reference probe where it ran) and ``duration_s`` how long it all took."""
+    started = time.perf_counter()
     if isinstance(grid, str):
         grid_name, grid = grid_points(grid, args.device)
     else:
@@ -86,13 +100,29 @@ def run_profile(
     rows: list[dict] = []
     done = 0  # grid points measured
     grid_note = f"{grid_name} ({len(points)} points)"  # the header's "grid"
+    took: dict[str, float] = {}  # seconds of each phase, as far as it got
+
+    def durations() -> dict:
+        """The header's ``duration_s``: the whole profile's seconds and its phases'."""
+        phases = ", ".join(f"{k} {v:.0f}" for k, v in took.items())
+        return {"duration_s": f"{time.perf_counter() - started:.0f} ({phases})"}
+
+    def speed() -> dict:
+        """The header's ``speed_moved``, from every probe sample taken so far."""
+        idle = [r["latency_s"] for r in rows if r.get("grid") == "between_points"]
+        beside = None
+        if reference is not None and len(reference.samples):
+            busy = beside_busy(sample_table(reference.samples, reference.busy))
+            beside = busy["probe_s"].tolist()
+        return speed_header(idle, beside)
 
     def write(filename: str, **extra: str) -> Path:
         """The table of what was measured, under ``<out_dir>/<hardware>/``."""
         path = Path(out_dir) / hardware / filename
         header = profile_header(args, replay_args, executor, hardware, name, repeats, warmup)
         header["grid"] = grid_note
-        write_profile(path, {**header, **extra, **probe_headers(probes, rows)}, rows)
+        header.update(extra, **probe_headers(probes, rows), **speed(), **durations())
+        write_profile(path, header, rows)
         return path
 
     reference = ReferenceProbe(args, model, list(reference_cpus)) if reference_cpus else None
@@ -112,24 +142,36 @@ def run_profile(
             reference.watch(cached[1])
     try:
         idle_probe = IdleProbe(args, executor)
+        pauses = samples_per_pause(len(points))
+        work = [point_work(p, repeats + warmup) for p in points]
+        spent: list[float] = []  # each measured point's seconds, its idle probe's with it
+        print(f"  grid {grid_note}, then the replay ...", flush=True)
         grid_start = time.perf_counter()
         for point in points:
             if done and max_grid_s is not None and time.perf_counter() - grid_start > max_grid_s:
                 break
+            t0 = time.perf_counter()
             on = cached if point.prefix_tokens else (engine, executor)
             r = measure_point(*on, point, repeats, warmup, cfg.vocab_size, done)
             rows.append(r)
-            rows += idle_probe_rows([idle_probe.after_pause()], "between_points")
+            samples = [idle_probe.after_pause() for _ in range(pauses)]
+            rows += idle_probe_rows(samples, "between_points")
+            spent.append(time.perf_counter() - t0)
+            took["grid"] = time.perf_counter() - grid_start
             done += 1
+            left = seconds_left(work[:done], spent, sum(work[done:]), len(points) - done)
+            pace = f"{duration(took['grid'])} in"
+            pace += f", about {duration(left)} more" if left and done < len(points) else ""
             after = f" after {point.prefix_tokens} cached" if point.prefix_tokens else ""
             after += f", {point.drafts} drafts each" if point.drafts else ""
             after += f" in {point.prefills} prompts" if point.prefills > 1 else ""
             print(
                 f"  [{done}/{len(points)}] decodes {point.decode_batch:>3} x ctx "
                 f"{point.context:>5}, prefill {point.prefill_tokens:>5}{after}: "
-                f"{r['latency_s'] * 1e3:8.2f} ms",
+                f"{r['latency_s'] * 1e3:8.2f} ms | {pace}",
                 flush=True,
             )
+        print(f"  grid: {done} points in {duration(took.get('grid', 0.0))}", flush=True)
         del cached
         if done < len(points):
             skipped = ", ".join(p.label() for p in points[done:])
@@ -161,6 +203,8 @@ def run_profile(
                 seed=4321, rate=SPARSE_RATE, name="calibration-sparse", grid="replay_sparse",
             )  # fmt: skip
         replay[1] = time.perf_counter()
+        took["replay"] = replay[1] - replay[0]
+        print(f"  replayed in {duration(took['replay'])}", flush=True)
         # Then the engine idle, as between a trace's requests: the probe at its cadence.
         rows += idle_probe_rows(
             (idle_probe.after_pause() for _ in range(IDLE_TAIL)), "after_replay"
@@ -177,4 +221,6 @@ def run_profile(
         print(f"profiler {partial}: wrote what it measured to {path}", flush=True)
         raise
     running.close()
-    return write(f"{name}.csv", **reference_header(reference, *replay))
+    path = write(f"{name}.csv", **reference_header(reference, *replay))
+    print(f"profiled in {duration(time.perf_counter() - started)}", flush=True)
+    return path

@@ -9,14 +9,22 @@ import torch
 
 from testbed.engine.device import machine_name
 from testbed.job import run_from_config
-from testbed.profile_table import profile_machine, read_profile_header
+from testbed.profile_table import profile_machine, profile_speed_moved, read_profile_header
 from testbed.profiling.fit_report import FIT_WARN, fit_check
-from testbed.profiling.grid import GRIDS
+from testbed.profiling.grid import GRIDS, Point
+from testbed.profiling.progress import duration, point_work, seconds_left
+from testbed.profiling.steadiness import (
+    SPEED_MOVED_WARN,
+    samples_per_pause,
+    speed_header,
+    speed_line,
+    speed_moved,
+)
 from testbed.sim.profile_model import ProfileModel
 from tests.sim.helpers import compose_cfg
 
 
-def test_profile_mode_writes_a_table_with_its_provenance_and_speed_probe(tmp_path):
+def test_profile_mode_writes_a_table_with_its_provenance_and_speed_probe(tmp_path, capsys):
     out = run_from_config(
         compose_cfg(
             "mode=profile",
@@ -48,7 +56,8 @@ def test_profile_mode_writes_a_table_with_its_provenance_and_speed_probe(tmp_pat
     # The idle probe: one sample after each point (and more in the replay's gaps),
     # their median in the header; they are not steps, so the fit leaves them out.
     idle = table[table["kind"] == "idle_probe"]
-    assert len(idle[idle["grid"] == "between_points"]) == len(GRIDS["quick"])
+    between = idle[idle["grid"] == "between_points"]
+    assert len(between) == samples_per_pause(len(GRIDS["quick"])) * len(GRIDS["quick"]) >= 64
     assert (idle["latency_s"] > 0).all() and idle["num_reqs"].isna().all()
     # Then 40 with the engine idle after the replay, as a run samples it.
     after = idle[idle["grid"].isin(["replay_gaps", "after_replay"])]
@@ -56,6 +65,17 @@ def test_profile_mode_writes_a_table_with_its_provenance_and_speed_probe(tmp_pat
     median, *words = header["idle_probe_s"].split()  # "<s> (median of <n> samples; ..."
     assert float(median) == pytest.approx(idle["latency_s"].median(), rel=1e-4)
     assert int(words[2].rstrip(";")) == len(idle)
+    # How much the machine's speed moved, from those samples between points; how
+    # long it took; and, printed, the grid's progress and the speed's verdict.
+    assert profile_speed_moved(header) == pytest.approx(
+        speed_moved(between["latency_s"])[0], rel=1e-2
+    )
+    total, *phases = header["duration_s"].replace(",", "").strip("()").split()
+    assert phases[0] == "(grid" and float(phases[1]) <= float(total)
+    printed = capsys.readouterr().out
+    n = len(GRIDS["quick"])
+    assert f"[{n}/{n}] decodes" in printed and f"grid: {n} points in " in printed
+    assert "profiled in " in printed and "machine's speed" in printed.split("wrote")[-1]
     # The point after a cached prefix of 256 tokens computes only its 64 new ones.
     cached = points[points["prefix_tokens"] > 0]
     assert len(cached) == 1 and (cached[["num_tokens", "max_kv"]].values == [64, 320]).all()
@@ -95,6 +115,118 @@ def test_fit_check_warns_when_a_profiles_points_disagree(tmp_path):
     assert err < FIT_WARN and "WARNING" not in line and f"{err:.1%}" in line
     err, line = profile("moving.csv", 0.4)
     assert err > FIT_WARN and f"{err:.1%}" in line and "WARNING: over 5%" in line
+    # With the header's speed_moved (profiles from before it have none: as above),
+    # a poor fit names the machine's speed as its likely cause where it moved, and
+    # a good fit still warns that it moved.
+    moved, steady = "0.31 (the probe's stretches)", "0.06 (the probe's stretches)"
+    for name in ("steady.csv", "moving.csv"):
+        text = (tmp_path / name).read_text()
+        for tag, value in (("moved", moved), ("steady", steady)):
+            (tmp_path / f"{tag}-{name}").write_text(f"# speed_moved: {value}\n{text}")
+    _, line = fit_check(tmp_path / "moved-moving.csv")
+    assert "WARNING: over 5%" in line and "likely cause is the machine's speed" in line
+    assert "WARNING: the machine's speed moved while it was profiled" in line and "31%" in line
+    _, line = fit_check(tmp_path / "steady-moving.csv")
+    assert "WARNING: over 5%" in line and "likely cause" not in line
+    assert "no move of the machine's speed" in line and "machine's speed steady" in line
+    _, line = fit_check(tmp_path / "moved-steady.csv")
+    assert "WARNING: over 5%" not in line and "WARNING: the machine's speed moved" in line
+    _, line = fit_check(tmp_path / "steady-steady.csv")
+    assert "WARNING" not in line and "machine's speed steady while profiled" in line
+
+
+def test_the_probes_stretches_tell_a_machine_whose_speed_moved_from_a_steady_one():
+    # Samples of a probe step of 10 ms, scattered by the probe's own repeat noise
+    # (5%, and a tenth of them 50% slow: a co-tenant's moment), in time order.
+    rng = np.random.default_rng(3)
+
+    def probe(n: int, speed) -> np.ndarray:
+        noise = 1 + 0.05 * rng.standard_normal(n) + 0.5 * (rng.random(n) < 0.1)
+        return 0.01 * noise * speed
+
+    steady = probe(87, 1.0)
+    step = probe(87, np.where(np.arange(87) < 40, 1.0, 1.35))  # 35% slower from a point on
+    drift = probe(87, np.linspace(1.0, 1.3, 87))  # slowing down throughout
+    burst = probe(87, np.where((np.arange(87) // 11) == 3, 1.6, 1.0))  # one stretch slow
+    assert speed_moved(steady)[0] < 0.1 < SPEED_MOVED_WARN
+    for moving in (step, drift, burst):
+        assert speed_moved(moving)[0] > SPEED_MOVED_WARN
+    assert speed_moved(steady)[1] == 8  # stretches of 10 or 11 samples
+    assert speed_moved(steady[:15]) is None and speed_moved(steady[:16])[1] == 2
+    # The verdict: a warning naming how much and what to do for the moving ones only.
+    assert "WARNING" not in speed_line(speed_moved(steady)[0])
+    assert "took 89 times as long in its slowest stretch" in speed_line(88.0)
+    line = speed_line(speed_moved(step)[0])
+    assert line.startswith("WARNING: the machine's speed moved")
+    assert f"{speed_moved(step)[0]:.0%} longer" in line and "on a quiet machine" in line
+    # The header: the larger of the probes' first, each probe's after; n/a without enough.
+    header = speed_header(steady, step)["speed_moved"]
+    assert float(header.split()[0]) == pytest.approx(speed_moved(step)[0], abs=1e-3)
+    assert "idle probe between grid points" in header and "reference probe" in header
+    assert profile_speed_moved({"speed_moved": header}) == float(header.split()[0])
+    header = speed_header(steady[:8])["speed_moved"]
+    assert header.startswith("n/a (") and "8 samples, too few" in header
+    assert profile_speed_moved({"speed_moved": header}) is None
+    assert profile_speed_moved({}) is None  # a profile from before the field
+    # A short grid takes more samples after each point, to have its 8 stretches.
+    assert samples_per_pause(87) == 1 and samples_per_pause(8) == 8 and samples_per_pause(0) >= 1
+
+
+@pytest.mark.parametrize("moving", [False, True])
+def test_the_profiler_warns_at_its_end_where_its_probe_saw_the_speed_move(
+    tmp_path, monkeypatch, capsys, moving
+):
+    from testbed.engine.args import EngineArgs
+    from testbed.profiling import profiler
+    from testbed.profiling.fit_report import report_profile
+
+    calls = []
+
+    def after_pause(self) -> float:
+        """The machine as the probe would see it: from the 33rd sample on, 40%
+        slower where it moves (the grid's samples are the first 64)."""
+        calls.append(1)
+        return 0.01 * (1.4 if moving and len(calls) > 32 else 1.0)
+
+    monkeypatch.setattr(profiler.IdleProbe, "after_pause", after_pause)
+    path = profiler.run_profile(
+        EngineArgs(model="dummy-llama", device="cpu"),
+        [(1, 64, 0), (0, 0, 32)],
+        repeats=2,
+        warmup=1,
+        out_dir=tmp_path,
+        hardware="cpu",
+        replay_requests=2,
+    )
+    moved = profile_speed_moved(read_profile_header(path))
+    assert moved == pytest.approx(0.4 if moving else 0.0)
+    capsys.readouterr()
+    report_profile(path)
+    printed = capsys.readouterr().out.splitlines()
+    warning = [line for line in printed if "WARNING: the machine's speed moved" in line]
+    if moving:
+        assert len(warning) == 1 and "40% longer" in warning[0]
+        assert "Profile again on a quiet machine" in warning[0]
+    else:
+        assert not warning and any("machine's speed steady" in line for line in printed)
+
+
+def test_the_grids_time_left_is_estimated_from_the_points_measured():
+    # Each point's seconds: per token computed and per point (the idle probe's
+    # pauses); the decode points grow along the grid, so the rest costs more than
+    # the points so far at their mean.
+    points = [Point(*g) for g in GRIDS["default"]]
+    work = [point_work(p, 7) for p in points]
+    seconds = [2e-5 * w + 0.3 for w in work]
+    assert seconds_left(work[:2], seconds[:2], sum(work[2:]), len(work) - 2) is None
+    for done in (3, 10, 40):
+        left = seconds_left(work[:done], seconds[:done], sum(work[done:]), len(work) - done)
+        assert left == pytest.approx(sum(seconds[done:]), rel=1e-6)
+        assert left > np.mean(seconds[:done]) * (len(work) - done)
+    assert seconds_left(work, seconds, 0, 0) == 0.0
+    assert point_work(Point(64, 2000, 0), 7) == 64 * 2000 + 7 * 64
+    assert point_work(Point(0, 0, 256, 1024), 7) == 1024 + 7 * 256
+    assert [duration(s) for s in (42.4, 185, 3720)] == ["42 s", "3 min 5 s", "1 h 2 min"]
 
 
 def test_merged_passes_fit_the_mean_speed_and_keep_every_row(tmp_path):
@@ -128,6 +260,7 @@ def test_merged_passes_fit_the_mean_speed_and_keep_every_row(tmp_path):
             idle_probe_s=f"{probe / 8} (median of 9 samples)",
             reference_probe_s=f"{probe / 4} (median of 99 samples beside the busy engine)",
             reference_probe_replay_s=f"{probe / 5} (median of 50 samples)",
+            speed_moved=f"{0.05 + 0.2 * i:g} (the probe's stretches)",
         )  # fmt: skip
         paths.append(tmp_path / str(i) / "cpu1" / "m.csv")
         write_profile(paths[-1], header, rows.assign(latency_s=base * speed))
@@ -139,6 +272,7 @@ def test_merged_passes_fit_the_mean_speed_and_keep_every_row(tmp_path):
     assert float(header["reference_probe_s"].split()[0]) == pytest.approx(0.0945 / 4)
     assert float(header["reference_probe_replay_s"].split()[0]) == pytest.approx(0.0945 / 5)
     assert "reference_probe_grid_s" not in header  # in no pass: none merged
+    assert profile_speed_moved(header) == pytest.approx(0.25)  # the passes' largest
     table = pd.read_csv(merged, comment="#")
     assert len(table) == 2 * len(rows) and sorted(table["pass"].unique()) == [0, 1]
     features = (32, 512, 512 * 300, 32 * 300, 300)
