@@ -6,7 +6,11 @@ and the real engine (``testbed.engine``); see ``docs/architecture.md``.
 imported only when ``LLM`` is first used).
 """
 
-from testbed.core.request import SamplingParams
+from testbed import threads
+
+threads.set_wait_policy()  # before anything loads torch's OpenMP pool
+
+from testbed.core.request import SamplingParams  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["LLM", "SamplingParams"]

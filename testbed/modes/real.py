@@ -32,7 +32,7 @@ from testbed.build import (
     run_model,
 )
 from testbed.core import Request
-from testbed.engine.cluster import replay_cluster
+from testbed.engine.cluster import replay_cluster, worker_args
 from testbed.engine.device import machine_name
 from testbed.engine.draft_model import DraftModelProposer
 from testbed.engine.factory import build_engine, engine_model
@@ -44,6 +44,7 @@ from testbed.models import ModelSpec
 from testbed.profiling.probes import IdleProbe
 from testbed.profiling.reference_probe import ReferenceProbe, busy_median, sample_table
 from testbed.sim.run_speed import speed_against, time_per_step
+from testbed.threads import thread_settings
 
 
 def run_real(
@@ -81,6 +82,7 @@ def run_real(
         "tokens_computed": executor.num_computed_tokens,
         **idle_probe_metrics(result.extra.get("idle_probe")),
         **reference_metrics(result.extra.get("reference_probe")),
+        **thread_settings(),
         "partial": result.partial,
         "stop_reason": result.stop_reason,
     }
@@ -146,6 +148,8 @@ def run_cluster(cfg, args, model, requests, spec, on_progress):
         "tokens_computed": sum(s.get("tokens_computed", 0) for s in stats),
         "kv_blocks_held_at_end": sum(s.get("kv_blocks_held", 0) for s in stats),
         "replica_events": result.extra.pop("replica_events"),
+        **thread_settings(),  # the parent's; each engine process's threads below
+        "threads": worker_args(args, size, 0).threads,
         "partial": result.partial,
         "stop_reason": result.stop_reason,
     }

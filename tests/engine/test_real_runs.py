@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 from pathlib import Path
 
@@ -40,7 +41,10 @@ def test_real_run_writes_the_simulators_run_directory(tmp_path):
     assert real["machine"] == machine_name(torch.device("cpu"))  # what the run ran on
     assert real["attention_backend"].startswith("testbed.kernels.cpu_attention (")
     speed = {"speed_vs_profile", "speed_vs_profile_min", "speed_vs_profile_max", "speed_profile"}
-    only_real = {"tokens_computed", "machine", "attention_backend", *speed}
+    threads = {"threads", "interop_threads", "omp_wait_policy"}  # what its CPU work ran on
+    assert real["threads"] == torch.get_num_threads()
+    assert real["omp_wait_policy"] == os.environ["OMP_WAIT_POLICY"]  # set by testbed
+    only_real = {"tokens_computed", "machine", "attention_backend", *speed, *threads}
     assert set(real) - only_real == set(sim) - {
         "sim_wall_s",
         "sim_requests_per_wall_s",
