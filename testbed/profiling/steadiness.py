@@ -71,7 +71,7 @@ def speed_header(idle: Sequence[float], reference: Sequence[float] | None = None
     detail = "; ".join(parts)
     return {
         "speed_moved": f"{first} (the slowest stretch's median over the fastest's, minus one: "
-        f"{detail}; the machine's speed moved over {SPEED_MOVED_WARN:g})"
+        f"{detail}; over {SPEED_MOVED_WARN:g} counts as the machine's speed moving)"
     }
 
 
