@@ -6,11 +6,7 @@ and the real engine (``testbed.engine``); see ``docs/architecture.md``.
 imported only when ``LLM`` is first used).
 """
 
-from testbed import threads
-
-threads.set_wait_policy()  # before anything loads torch's OpenMP pool
-
-from testbed.core.request import SamplingParams  # noqa: E402
+from testbed.core.request import SamplingParams
 
 __version__ = "0.1.0"
 __all__ = ["LLM", "SamplingParams"]

@@ -187,7 +187,9 @@ class HardwareConfig(HardwareSpec):
     mem_bandwidth: float = MISSING
     memory_bytes: float = MISSING
     kv_cache_bytes: float | None = None  # None: derived from memory_bytes
-    threads: int | None = None  # torch's intra-op threads (CPU); None: one per core
+    # torch's intra-op threads (CPU); None: one per core that other processes leave
+    # free, changing as they come and go (testbed/threads.py)
+    threads: int | None = None
     cpus: list[int] | None = None  # cores the real engine is pinned to (Linux)
     # Cores for a reference probe beside real runs and profiles (testbed.profiling.reference_probe).
     reference_cpus: list[int] | None = None

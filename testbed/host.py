@@ -21,9 +21,14 @@ def cpu_fields() -> dict[str, str]:
     return {k.strip(): v.strip() for k, v in pairs}
 
 
-def usable_cores() -> int:
-    """How many cores this process may run on (its affinity where the OS says, which
-    a container's cpuset or a pinned run narrows; else the machine's count)."""
+def usable_cpus() -> set[int]:
+    """The cores this process may run on (its affinity where the OS says, which a
+    container's cpuset or a pinned run narrows; else all the machine's)."""
     if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+        return set(os.sched_getaffinity(0))
+    return set(range(os.cpu_count() or 1))
+
+
+def usable_cores() -> int:
+    """How many cores this process may run on (:func:`usable_cpus`)."""
+    return len(usable_cpus())

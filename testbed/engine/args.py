@@ -37,7 +37,9 @@ class EngineArgs:
     device: str | None = None  # default: cuda when available
     dtype: str | None = None  # default: float32 on CPU, bfloat16 on CUDA
     attention_backend: str = "auto"  # auto | triton | cpu | torch
-    threads: int | None = None  # torch's intra-op threads on CPU; default: torch's (one per core)
+    # torch's intra-op threads on CPU; default: one per core that other processes
+    # leave free (testbed/threads.py), at most torch's default (one per core)
+    threads: int | None = None
     cpus: Sequence[int] | None = None  # cores the process is pinned to (Linux); default: any
     seed: int = 0
     extra: dict = field(default_factory=dict)

@@ -22,6 +22,7 @@ from testbed.engine.batch import flatten, token_slice
 from testbed.engine.model import CausalLM
 from testbed.engine.rejection import RejectionSampler
 from testbed.engine.sampler import Sampler
+from testbed.threads import ThreadGovernor
 
 
 class ModelExecutor:
@@ -59,6 +60,9 @@ class ModelExecutor:
         self._num_proposing = 0  # requests the last step's proposer drafted for
         self.num_computed_tokens = 0  # tokens run through the model, all steps
         self.record_timings = False  # synchronize the device for exact part timings
+        # Sets torch's threads to the cores others leave free, before each step
+        # (testbed/threads.py); None: the threads stay as they are.
+        self.threads: ThreadGovernor | None = None
         self.last_timings: dict[str, float] = {}
 
     def warm_up(self) -> None:
@@ -128,6 +132,8 @@ class ModelExecutor:
 
     @torch.inference_mode()
     def execute(self, so: SchedulerOutput) -> ExecutorOutput:
+        if self.threads is not None:
+            self.threads.adjust()
         start = time.perf_counter()
         self._update_tables(so)
         if not so.requests:

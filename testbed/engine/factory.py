@@ -24,6 +24,7 @@ from testbed.engine.spec_config import SpeculativeConfig, resolve_draft
 from testbed.engine.weights import build_model
 from testbed.kernels import select_backend
 from testbed.models import ModelSpec, ResolvedModel, num_kv_blocks, resolve_model, same_folder
+from testbed.threads import governor
 
 
 def engine_model(
@@ -177,6 +178,8 @@ def build_engine(
             args.seed,
         ),
     )
+    if device.type == "cpu" and args.threads is None:
+        executor.threads = governor()  # one thread per core that others leave free
     executor.warm_up()  # no kernel compiles or loads inside a run's first steps
     engine = EngineCore(scheduler, executor, clock or WallClock(), token_validator(cfg.vocab_size))
     return engine, executor, cfg

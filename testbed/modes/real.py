@@ -82,7 +82,7 @@ def run_real(
         "tokens_computed": executor.num_computed_tokens,
         **idle_probe_metrics(result.extra.get("idle_probe")),
         **reference_metrics(result.extra.get("reference_probe")),
-        **thread_settings(),
+        **thread_settings(executor.threads),
         "partial": result.partial,
         "stop_reason": result.stop_reason,
     }

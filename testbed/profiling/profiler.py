@@ -45,6 +45,7 @@ from testbed.profiling.reference_probe import (
 )
 from testbed.profiling.replay_steps import SPARSE_RATE, measure_replay, replay_kv_blocks
 from testbed.profiling.steadiness import samples_per_pause, speed_header
+from testbed.threads import default_threads
 
 
 def run_profile(
@@ -84,6 +85,9 @@ def run_profile(
     the idle probe, taken :func:`samples_per_pause` times after each point, and
     the reference probe where it ran) and ``duration_s`` how long it all took."""
     started = time.perf_counter()
+    # One thread count throughout (no governor): the engine's most, which a
+    # governed run on a quiet machine uses.
+    args = replace(args, threads=args.threads or default_threads())
     if isinstance(grid, str):
         grid_name, grid = grid_points(grid, args.device)
     else:
