@@ -323,12 +323,13 @@ def test_a_proposers_time_is_left_out_of_every_window_as_of_the_whole_run(tmp_pa
     write_profile(tmp_path / "p.csv", rows)
     model = ProfileModel(tmp_path / "p.csv")
     log, starts, proposing = StepLog(), [], []
+    shape = (4, 0, 4, 0.1, 0, 4, 0, 1200.0, 4800.0, 300.0)  # every step's composition
+    one = StepLog()
+    one.add(0, 0.0, 1.0, *shape)
+    pred = float(predict_logged_steps(model, one)[0])
     now = 0.0
     while now < 180:
-        args = (0, now, 1.0, 4, 0, 4, 0.1, 0, 4, 0, 1200.0, 4800.0, 300.0)
-        one = StepLog()
-        one.add(*args)
-        pred = float(predict_logged_steps(model, one)[0])
+        args = (0, now, 1.0, *shape)
         extra = pred * (0.1 if now < 60 else 3.0)  # the proposer, inside the step
         log.add(0, now, pred + extra, *args[3:])
         starts.append(now + pred)
