@@ -78,6 +78,7 @@ class IdleProbe:
         engine, self.executor, _ = build_engine(
             args, model=(cfg, None, "idle-probe"), weights=executor.model
         )
+        self.executor.threads = executor.threads  # one governor for the run's threads
         start_decoders(engine, p, 8, random.Random(4321), cfg.vocab_size, "probe")
         so = engine.scheduler.schedule(engine.clock())
         if so.num_prefill_tokens or so.num_decode_tokens != p.decode_batch:
