@@ -180,9 +180,9 @@ def acceptance_table(cfg: DictConfig, spec: ModelSpec) -> Path:
 def draft_model(cfg: DictConfig) -> ResolvedModel | None:
     """``engine.speculative``'s draft model (None: no draft model), found and checked
     against the run's model as the real engine checks it
-    (:func:`~testbed.engine.spec_config.resolve_draft`). Both modes call this before
-    anything else, so a draft that is missing or cannot draft for the target is
-    refused in one line, the same in both."""
+    (:func:`~testbed.engine.spec_config.resolve_draft`). A run of either mode calls
+    this before anything else (``job.prepare``), so a draft that is missing or
+    cannot draft for the target is refused in one line, the same in both."""
     speculative = speculative_config(cfg.engine)
     if speculative is None or speculative.method != "draft_model":
         return None
@@ -229,6 +229,14 @@ def profiled_draft(cfg: DictConfig) -> ResolvedModel | None:
     if same_folder(draft.folder, target.folder) and draft.hf_config == target.hf_config:
         draft = target  # the target as its own draft: named as the run's model
     return draft.first_layers(cfg.engine.speculative.draft_num_layers)
+
+
+def num_engines(cluster: Mapping[str, Any]) -> int:
+    """The cluster's engine instances: its prefill and decode replicas where it is
+    disaggregated, else its colocated ones."""
+    if cluster["num_prefill"] > 0:
+        return cluster["num_prefill"] + cluster["num_decode"]
+    return cluster["num_replicas"]
 
 
 def speculative_config(engine: Mapping[str, Any]) -> SpeculativeConfig | None:

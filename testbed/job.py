@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
-from testbed.build import load_requests, model_spec, policy_name
+from testbed.build import draft_model, load_requests, model_spec, num_engines, policy_name
 from testbed.capacity import scaled_to_load
 from testbed.config_schema import validate
 from testbed.errors import InputError
@@ -66,10 +66,15 @@ def run_from_config(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[
     except OSError as e:
         raise InputError(f"run directory {run_dir}: cannot be written ({e})") from e
     try:
-        spec, load, requests, fields = prepare(cfg)
-    except InputError:
+        return run_claimed(cfg, run_dir, wall_start)
+    except InputError:  # refused for its input before it ran: nothing was written
         release(run_dir)
         raise
+
+
+def run_claimed(cfg: DictConfig, run_dir: Path, wall_start: float) -> dict[str, Any]:
+    """:func:`run_from_config` once ``run_dir`` is the run's."""
+    spec, load, requests, fields = prepare(cfg)
     sim = cfg.mode.name == "sim"
 
     def start_wandb() -> WandbProcess:
@@ -107,8 +112,6 @@ def run_from_config(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[
     except BaseException as e:
         if wandb is not None:
             wandb.abandon(f"{type(e).__name__}: {e}")
-        if isinstance(e, InputError):  # refused before it ran: nothing written
-            release(run_dir)
         raise
     report(cfg, run_dir, result, req_df, metrics, wandb or start_wandb(), wall_start)
     if isinstance(result.error, KeyboardInterrupt):
@@ -120,7 +123,9 @@ def run_from_config(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[
 
 def prepare(cfg: DictConfig) -> tuple[ModelSpec, dict[str, Any], list, dict[str, Any]]:
     """The run's model, its rate from ``load`` (where given), its requests and the
-    fields that say what was run."""
+    fields that say what was run; a draft model that is missing or cannot draft for
+    the run's model is refused first, in the same words in both modes."""
+    draft_model(cfg)
     spec = model_spec(cfg.model)
     load = scaled_to_load(cfg, spec) if cfg.get("load") is not None else {}
     if load:
@@ -176,9 +181,7 @@ def cluster_shape(cluster: DictConfig) -> dict[str, Any]:
     replicas (``num_replicas`` their sum), its pairing and decider."""
     disagg = cluster.num_prefill > 0
     shape: dict[str, Any] = {
-        "num_replicas": cluster.num_prefill + cluster.num_decode
-        if disagg
-        else cluster.num_replicas,
+        "num_replicas": num_engines(cluster),
         "router": cluster.router,
         "disaggregated": disagg,
     }

@@ -118,13 +118,19 @@ def governor() -> ThreadGovernor:
     return ThreadGovernor(default_threads())
 
 
-def thread_settings(governor: ThreadGovernor | None = None) -> dict[str, Any]:
+def thread_settings(
+    governor: ThreadGovernor | None = None, threads: int | None = None
+) -> dict[str, Any]:
     """What a real run's CPU work ran on: torch's intra-op threads (the most, with
-    the governor's fewest and its changes where it ran), its inter-op threads
-    and the OpenMP pool's wait policy (``metrics.json``)."""
+    the governor's fewest and its changes where it ran; ``threads``: each engine
+    process's, where they ran elsewhere), its inter-op threads and the OpenMP
+    pool's wait policy (``metrics.json``)."""
     import torch
 
-    most = governor.most if governor is not None else torch.get_num_threads()
+    if governor is not None:
+        most = governor.most
+    else:
+        most = threads if threads is not None else torch.get_num_threads()
     return {
         "threads": most,
         **(governor.settings() if governor is not None else {}),

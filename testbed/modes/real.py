@@ -23,10 +23,10 @@ from omegaconf import DictConfig
 from testbed.build import (
     decider,
     draft_latency_model,
-    draft_model,
     engine_args,
     kv_faults,
     latency_model,
+    num_engines,
     pairing,
     router,
     run_model,
@@ -55,7 +55,6 @@ def run_real(
 ) -> tuple[RunResult, dict[str, Any]]:
     """Replay ``requests`` on the real engine; the run's records and the real
     engine's fields of ``metrics.json``."""
-    draft_model(cfg)  # a missing or unfit draft is refused before anything runs
     args = engine_args(cfg)
     model = engine_model(run_model(cfg))
     if cfg.cluster.num_replicas > 1 or cfg.cluster.num_prefill > 0:
@@ -115,7 +114,7 @@ def run_cluster(cfg, args, model, requests, spec, on_progress):
     """Engine processes behind the router (:mod:`testbed.engine.cluster`):
     ``cluster.num_replicas`` colocated, or ``num_prefill`` + ``num_decode``."""
     c = cfg.cluster
-    size = c.num_prefill + c.num_decode if c.num_prefill else c.num_replicas
+    size = num_engines(c)
     if cfg.mode.idle_probe or cfg.hardware.reference_cpus or args.speculative_config:
         raise InputError(
             f"cluster with {size} engine processes: the idle and reference probes and "
@@ -148,8 +147,7 @@ def run_cluster(cfg, args, model, requests, spec, on_progress):
         "tokens_computed": sum(s.get("tokens_computed", 0) for s in stats),
         "kv_blocks_held_at_end": sum(s.get("kv_blocks_held", 0) for s in stats),
         "replica_events": result.extra.pop("replica_events"),
-        **thread_settings(),  # the parent's; each engine process's threads below
-        "threads": worker_args(args, size, 0).threads,
+        **thread_settings(threads=worker_args(args, size, 0).threads),  # each process's
         "partial": result.partial,
         "stop_reason": result.stop_reason,
     }

@@ -13,7 +13,6 @@ from testbed.build import (
     acceptance_model,
     decider,
     draft_latency_model,
-    draft_model,
     hardware_spec,
     kv_blocks,
     kv_faults,
@@ -44,7 +43,6 @@ def simulate(
 ) -> tuple[RunResult, dict[str, Any]]:
     """Simulate ``requests`` on ``cfg``'s cluster of engines; the run's records
     and the simulation's fields of ``metrics.json``."""
-    draft_model(cfg)  # a missing or unfit draft is refused before anything runs
     engine = cfg.engine
     latency = latency_model(cfg, spec)
     trace = speed_trace(cfg)

@@ -158,10 +158,8 @@ class DisaggSimulation(Simulation):
 
     def disagg_metrics(self, duration_s: float) -> dict[str, float]:
         """``metrics.json``'s fields of the cluster: transfers, links, each pool's
-        busy fraction."""
+        busy fraction (its shape is the run's, in both modes: ``job.cluster_shape``)."""
         out = {
-            "num_prefill": self.num_prefill,
-            "num_decode": len(self.decode_pool),
             "num_disaggregated": self.num_disaggregated,
             **self.transfers.metrics(duration_s),
         }

@@ -258,14 +258,14 @@ def test_a_missing_draft_model_is_refused_in_one_line_the_same_in_both_modes(tmp
 def test_a_draft_that_cannot_draft_for_the_target_is_refused_as_the_real_engine_does(
     tmp_path, draft, message
 ):
-    """The simulator runs the real engine's check of the draft (resolve_draft)
-    before anything else: a draft of another vocabulary or with fewer layers than
+    """A run of either mode makes the real engine's check of the draft
+    (resolve_draft) before anything else: a draft of another vocabulary or with fewer layers than
     asked is refused in the engine's words, the field named as in the config."""
     import json
 
     from testbed.build import draft_model
+    from testbed.job import run_from_config
     from testbed.models import model_entry
-    from testbed.modes.sim import simulate
 
     small = tmp_path / "small"
     small.mkdir()
@@ -278,8 +278,9 @@ def test_a_draft_that_cannot_draft_for_the_target_is_refused_as_the_real_engine_
     )  # fmt: skip
     with pytest.raises(InputError, match=message):
         draft_model(cfg)
-    with pytest.raises(InputError, match=message):
-        simulate(cfg, [], None)
+    with pytest.raises(InputError, match=message):  # a run checks it before anything else
+        run_from_config(cfg, tmp_path / "run")
+    assert not (tmp_path / "run" / "metrics.json").exists()
 
 
 def test_simulated_speculation_needs_a_measured_table_or_a_given_rate(tmp_path):
