@@ -29,8 +29,9 @@ class SweepSummary(Callback):
     every job (naming a failed job's error) and prints it when the multirun ends.
 
     Hydra's sweepers raise a failed job's error once its batch has run, and the
-    multirun then ends without ``on_multirun_end``: the sweep's end (summary,
-    dashboard, W&B) then runs as the process exits, for the jobs that finished."""
+    multirun then ends without ``on_multirun_end`` (as it does when interrupted):
+    the sweep's end (summary, dashboard, W&B) then runs as the process exits, for
+    the jobs that finished."""
 
     def __init__(self) -> None:
         self.ended = True  # no multirun under way
@@ -42,7 +43,10 @@ class SweepSummary(Callback):
 
     def end_if_cut_short(self, config: DictConfig) -> None:
         if not self.ended:
-            print("\nthe sweep stopped at a failed job; what its finished jobs measured:")
+            print(
+                "\nthe sweep stopped early (a failed job, or an interrupt); what its finished "
+                "jobs measured:"
+            )
             self.on_multirun_end(config)
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:

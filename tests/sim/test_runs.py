@@ -410,7 +410,7 @@ def test_a_sweep_with_a_failing_job_summarises_the_rest_and_names_it(tmp_path):
     assert summary["failed"][0].startswith("InputError: engine.block_size=0")
     assert summary["failed"][1] == "" and int(summary["num_finished"][1]) == 20
     assert "FAILED 0_engine.block_size=0,trace.num_requests=20: InputError" in res.stdout
-    end = res.stdout.rindex("the sweep stopped at a failed job")
+    end = res.stdout.rindex("the sweep stopped early (a failed job")
     assert "1_engine.block_size=16" in res.stdout[end:]
     assert (tmp_path / "dashboard.html").exists()
 
