@@ -44,7 +44,7 @@ from pathlib import Path
 from experiments.fidelity.compare import NOISE, error_ratio
 from experiments.fidelity.report import markdown_table, read_experiment
 from experiments.manifest import ROOT, write_manifest
-from testbed.report.sweep import TARGETS
+from testbed.metrics.fidelity import TARGETS, target_misses
 
 VARIANTS = {
     "profile": "",
@@ -57,16 +57,13 @@ VARIANTS = {
 
 def misses(row: dict, prefix: str) -> list[str] | None:
     """The targets ``row`` misses with ``prefix``'s errors; None where it has none of them."""
-    values = {f"err_{metric}": number(row, f"{prefix}err_{metric}") for metric in TARGETS}
-    if all(v is None for v in values.values()):
+    errors = {metric: number(row, f"{prefix}err_{metric}") for metric in TARGETS}
+    if all(v is None for v in errors.values()):
         return None
-    out = []
-    for metric, value in values.items():
-        if value is None:
-            out.append(f"{metric}: missing")
-        elif abs(value) > TARGETS[metric.removeprefix("err_")]:
-            out.append(f"{metric} {value:+.1%}")
-    return out
+    return [
+        f"err_{metric}: missing" if value is None else f"err_{metric} {value:+.1%}"
+        for metric, value in target_misses(errors).items()
+    ]
 
 
 def number(row: dict, column: str) -> float | None:

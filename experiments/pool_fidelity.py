@@ -42,7 +42,7 @@ import pandas as pd
 from experiments.fidelity.compare import NOISE
 from experiments.fidelity.report import markdown_table, read_experiment
 from experiments.manifest import ROOT, write_manifest
-from testbed.report.sweep import TARGETS  # metric: the target for its relative error
+from testbed.metrics.fidelity import TARGETS, within_target
 from testbed.report.wandb_log import log_experiment
 
 # column prefix: how the simulation was given the machine's speed (experiments.fidelity)
@@ -125,7 +125,7 @@ def pool(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
                 se=sd / np.sqrt(len(values)),
                 lowest=float(values.min()),
                 highest=float(values.max()),
-                within=int((np.abs(values) <= TARGETS[metric]).sum()),
+                within=int(within_target(metric, values).sum()),
                 **{f"err_{name}": by.get(name, np.nan) for name in names},
             )
         )
@@ -156,8 +156,8 @@ def pooled_markdown(pooled: pd.DataFrame, names: list[str], variants: dict = VAR
                 for n in names
             ]
             both = sum(
-                abs(t[f"err_{n}"]) <= TARGETS["tpot_s_mean"]
-                and abs(e[f"err_{n}"]) <= TARGETS["e2e_s_mean"]
+                within_target("tpot_s_mean", t[f"err_{n}"])
+                and within_target("e2e_s_mean", e[f"err_{n}"])
                 for n in names
                 if pd.notna(t[f"err_{n}"])
             )
@@ -177,10 +177,8 @@ def pooled_markdown(pooled: pd.DataFrame, names: list[str], variants: dict = VAR
 
 def count_within(part: pd.DataFrame) -> int:
     """Pairs whose pooled mean is within its target on every metric in ``part``."""
-    ok = (part["mean"].abs() <= part["metric"].map(TARGETS)).groupby(
-        [part["trace"], part["policy"]]
-    )
-    return int(ok.all().sum())
+    ok = part.apply(lambda r: within_target(r["metric"], r["mean"]), axis=1)
+    return int(ok.groupby([part["trace"], part["policy"]]).all().sum())
 
 
 def write_pooled(out: Path, pooled: pd.DataFrame, names: list[str], summary: dict) -> None:

@@ -12,7 +12,8 @@ profiles as they are (the prediction), and at the run's measured speed against
 the profile (``speed_vs_profile``; the draft's passes at the run's speed against
 the draft's profile, ``spec_draft_speed_vs_profile``: this VM's speed moves by
 10-30% within minutes, so a prediction's error is mostly the machine's). Errors
-(sim / real - 1) of throughput, mean TPOT and mean E2E.
+(sim / real - 1, :mod:`testbed.metrics.fidelity`) of throughput, mean TPOT and mean
+E2E.
 
     python -m experiments.spec_fidelity --profiles profiles [--requests 150 --rate 6]
 
@@ -31,6 +32,7 @@ import pandas as pd
 from experiments.manifest import write_manifest
 from testbed.config_schema import compose_config
 from testbed.job import run_from_config
+from testbed.metrics.fidelity import relative_error
 
 K = 3
 DRAFT_LAYERS = 4
@@ -105,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             for m in METRICS:
                 row[f"real_{m}"], row[f"sim_{m}"] = real[m], sim[m]
-                row[f"err_{m}"] = sim[m] / real[m] - 1
+                row[f"err_{m}"] = relative_error(sim[m], real[m])
             if method != "off":
                 row["real_acceptance"] = real["spec_acceptance_rate"]
                 row["sim_acceptance"] = sim["spec_acceptance_rate"]

@@ -3,10 +3,11 @@
 For each trace and policy it runs ``mode=sim`` (the latency model of this
 hardware and model: the measured profile where one exists) and ``mode=real``
 (the real engine on the wall clock), joins the two ``requests.csv`` on the
-request id, and reports the relative error of the simulation (sim / real - 1)
-on throughput and on the mean, p50, p90 and p99 of TTFT, TPOT and E2E, the
-per-request correlation of E2E, and the latency model's error on every step the
-real run measured (``step_err_*``), apart from any difference in schedule.
+request id, and reports the relative error of the simulation (sim / real - 1,
+as :mod:`testbed.metrics.fidelity` defines it) on throughput and on the mean,
+p50, p90 and p99 of TTFT, TPOT and E2E, the per-request correlation of E2E, and
+the latency model's error on every step the real run measured (``step_err_*``),
+apart from any difference in schedule.
 
 Each trace is replayed at ``--load`` (70%) of the capacity the simulator finds
 for it. On a machine whose speed wanders, each pair is also simulated at speeds

@@ -10,34 +10,33 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from testbed.metrics.fidelity import TARGETS, join_requests, metric_errors, relative_error
 from testbed.profile_table import profile_machine
 
 from .execute import read_metrics
 
+THROUGHPUTS = ("throughput_req_s", "throughput_output_tok_s")
 STATS = ("mean", "p50", "p90", "p99")
 LATENCIES = ("ttft_s", "tpot_s", "e2e_s")
 NOISE = " (real vs real)"  # the policy column of a real run against its repeat
 
 
 def pair_errors(sim_dir: Path, real_dir: Path) -> dict:
-    """Relative errors of the simulation against the real run (sim / real - 1),
-    the metrics of both, and the per-request correlation of E2E."""
+    """Relative errors of the simulation against the real run
+    (:func:`~testbed.metrics.fidelity.relative_error`), the latencies of both,
+    and the per-request correlation of E2E."""
     ms = read_metrics(sim_dir)
     mr = read_metrics(real_dir)
-    row: dict = {}
-    for k in ("throughput_req_s", "throughput_output_tok_s"):
-        row[f"err_{k}"] = ms[k] / mr[k] - 1
-    for lat in LATENCIES:
-        for s in STATS:
-            key = f"{lat}_{s}"
-            row[f"sim_{key}"], row[f"real_{key}"] = ms[key], mr[key]
-            row[f"err_{key}"] = ms[key] / mr[key] - 1 if mr[key] else float("nan")
-    rs = pd.read_csv(sim_dir / "requests.csv").set_index("request_id")
-    rr = pd.read_csv(real_dir / "requests.csv").set_index("request_id")
-    arrivals = rs[["arrival_s"]].join(rr[["arrival_s"]].add_suffix("_real"), how="outer")
-    if not np.allclose(arrivals["arrival_s"], arrivals["arrival_s_real"], atol=1e-6):
-        raise ValueError(f"{sim_dir} and {real_dir} did not replay the same arrivals")
-    both = rs[["e2e_s"]].join(rr[["e2e_s"]], suffixes=("_sim", "_real")).dropna()
+    row = {f"err_{k}": e for k, e in metric_errors(ms, mr, THROUGHPUTS).items()}
+    for key in (f"{lat}_{s}" for lat in LATENCIES for s in STATS):
+        row[f"sim_{key}"], row[f"real_{key}"] = ms[key], mr[key]
+        row[f"err_{key}"] = relative_error(ms[key], mr[key])
+    both = join_requests(
+        pd.read_csv(sim_dir / "requests.csv"),
+        pd.read_csv(real_dir / "requests.csv"),
+        "e2e_s",
+        f"{sim_dir} and {real_dir}",
+    )
     row["e2e_corr"] = float(np.corrcoef(both["e2e_s_sim"], both["e2e_s_real"])[0, 1])
     row["joined_requests"] = len(both)
     return row
@@ -169,7 +168,7 @@ def machine_mismatches(pairs: list[tuple[Path, object]]) -> list[str]:
     return lines
 
 
-SPREAD = ("throughput_req_s", "tpot_s_mean", "e2e_s_mean", "ttft_s_p50")
+SPREAD = tuple(TARGETS)  # the metrics a simulation is held to
 
 
 def repeat_spread(sim: Path, reals: list[Path], own: list[Path] | None = None) -> dict:
@@ -184,10 +183,11 @@ def repeat_spread(sim: Path, reals: list[Path], own: list[Path] | None = None) -
     for key in SPREAD:
         values = np.array([m[key] for m in metrics], float)
         row[f"real_spread_{key}"] = float(np.ptp(values) / values.mean())
-        errors = ms[key] / values - 1
+        errors = np.array([relative_error(ms[key], m[key]) for m in metrics])
         row[f"err_min_{key}"], row[f"err_max_{key}"] = float(errors.min()), float(errors.max())
         if owns:
-            each = np.array([o[key] for o in owns], float) / values - 1
+            pairs = zip(owns, metrics, strict=True)
+            each = np.array([relative_error(o[key], m[key]) for o, m in pairs])
             row[f"own_each_err_min_{key}"] = float(each.min())
             row[f"own_each_err_max_{key}"] = float(each.max())
     return row

@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from testbed.metrics.fidelity import join_requests
+
 from .compare import LATENCIES
 from .speeds import TRACE_WINDOW_S, WINDOW_S
 
@@ -235,11 +237,7 @@ def plot(pairs: list[tuple[str, Path, Path]], path: Path) -> None:
             ax.set(xlabel=col, title=f"{label}: {col} CDF")
             ax.legend()
             ax.grid(alpha=0.3)
-        j = (
-            rs.set_index("request_id")[["e2e_s"]]
-            .join(rr.set_index("request_id")[["e2e_s"]], suffixes=("_sim", "_real"))
-            .dropna()
-        )
+        j = join_requests(rs, rr, "e2e_s", f"{sim_dir} and {real_dir}")
         ax = row[3]
         ax.scatter(j["e2e_s_real"], j["e2e_s_sim"], s=6)
         hi = float(max(j.max().max(), 1e-3))

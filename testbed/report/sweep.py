@@ -7,7 +7,8 @@ and writes them to ``sweep_summary.csv`` there. Two checks a sweep needs:
 
 * jobs that differ only in ``mode`` and its fields (``-m mode=sim,real ...``)
   are paired, and the simulation's relative error against the real run is
-  printed for the fidelity targets (throughput, mean TPOT and E2E, p50 TTFT),
+  printed for the fidelity targets (both as :mod:`testbed.metrics.fidelity`
+  defines them) (throughput, mean TPOT and E2E, p50 TTFT),
   beside the real run's speed against the profile: the simulation runs at the
   profile's speed, so on a machine that moved the error is partly the machine's
   (``python -m experiments.fidelity`` separates the two);
@@ -27,12 +28,15 @@ so that a sweep stopped by a failing job still has one for the jobs that ran.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections.abc import Sequence
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
+from testbed.metrics.fidelity import TARGETS, metric_errors, pair_key, pair_runs, target_misses
 from testbed.report.rundir import read_claim
 
 # metrics.json keys the summary keeps, with their column headings
@@ -48,9 +52,6 @@ COLUMNS = {
     "e2e_s_mean": "E2E mean",
     "speed_vs_profile": "speed vs profile",
 }
-# What a simulation is held to against its real run (relative error): the
-# fidelity targets, also the fidelity experiment's (experiments/fidelity)
-TARGETS = {"throughput_req_s": 0.05, "tpot_s_mean": 0.05, "e2e_s_mean": 0.05, "ttft_s_p50": 0.10}
 # Real runs whose speed_vs_profile differs by more than this are flagged
 SPEED_SPREAD = 0.05
 
@@ -70,25 +71,6 @@ def job_overrides(run_dir: Path) -> list[str] | None:
     import yaml
 
     return [str(o) for o in yaml.safe_load(path.read_text()) or []]
-
-
-# What identifies a run where its overrides were not kept (see :func:`pair_key`)
-IDENTITY = ("policy", "trace", "model", "hardware", "seed", "load", "num_requests")
-
-
-def pair_key(overrides: list[str] | None, metrics: dict[str, Any]) -> tuple[str, ...]:
-    """What a simulation and its real run share: the overrides but those of
-    ``mode`` and its fields (``mode.latency_scale`` and the like set how a
-    simulation runs, not what it simulates), or, without overrides, the run's
-    :data:`IDENTITY` from its metrics."""
-    if overrides is None:
-        return tuple(f"{k}={metrics.get(k)}" for k in IDENTITY)
-    kept = []
-    for override in overrides:
-        key = override.lstrip("+~").split("=", 1)[0]
-        if key != "mode" and not key.startswith("mode."):
-            kept.append(override.lstrip("+"))
-    return tuple(sorted(kept))
 
 
 FAILED = "failed.json"  # a failed job's error and sweep, in its folder
@@ -168,35 +150,24 @@ def failed_jobs(sweep_dir: Path, sweep: str | None = None) -> list[dict[str, Any
 
 
 def fidelity_pairs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each simulation against the real run of the same :func:`pair_key` (where
-    exactly one real run has it): the relative error (sim / real - 1) of every
-    :data:`TARGETS` metric, the real run's ``speed_vs_profile`` (the simulation
-    runs at the profile's speed unless ``mode.latency_scale`` says otherwise), and
-    ``meets``: all within their targets; None where either run is partial (a
-    stopped run is no measure of the other)."""
+    """Each simulation against the real run of the same :func:`pair_key` (see
+    :func:`~testbed.metrics.fidelity.pair_runs`): the relative error of every
+    :data:`TARGETS` metric both measured, the real run's ``speed_vs_profile``
+    (the simulation runs at the profile's speed unless ``mode.latency_scale``
+    says otherwise), and ``meets``: all within their targets; None where either
+    run is partial (a stopped run is no measure of the other)."""
     pairs = []
-    for key in dict.fromkeys(r["pair"] for r in runs):
-        reals = [r for r in runs if r["pair"] == key and r["mode"] == "real"]
-        if len(reals) != 1:
+    for sim, real in pair_runs(runs, itemgetter("pair"), itemgetter("mode")):
+        if not (sim.get("own", True) or real.get("own", True)):
             continue
-        real = reals[0]
-        sims = (r for r in runs if r["pair"] == key and r["mode"] == "sim")
-        for sim in (s for s in sims if s.get("own", True) or real.get("own", True)):
-            errors = {
-                metric: sim[metric] / real[metric] - 1
-                for metric in TARGETS
-                if sim.get(metric) is not None and real.get(metric)
-            }
-            meets = len(errors) == len(TARGETS) and all(
-                abs(e) <= TARGETS[m] for m, e in errors.items()
-            )
-            pairs.append({
-                "sim": sim["run"] + ("" if sim.get("own", True) else " (earlier sweep)"),
-                "real": real["run"] + ("" if real.get("own", True) else " (earlier sweep)"),
-                **errors,
-                "speed_vs_profile": real.get("speed_vs_profile"),
-                "meets": None if sim["partial"] or real["partial"] else meets,
-            })  # fmt: skip
+        errors = {m: e for m, e in metric_errors(sim, real, TARGETS).items() if not math.isnan(e)}
+        pairs.append({
+            "sim": sim["run"] + ("" if sim.get("own", True) else " (earlier sweep)"),
+            "real": real["run"] + ("" if real.get("own", True) else " (earlier sweep)"),
+            **errors,
+            "speed_vs_profile": real.get("speed_vs_profile"),
+            "meets": None if sim["partial"] or real["partial"] else not target_misses(errors),
+        })  # fmt: skip
     return pairs
 
 
