@@ -88,15 +88,6 @@ names = ("torch triton transformers safetensors yaml numpy pandas pyarrow matplo
 missing = [n for n in names if importlib.util.find_spec(n) is None]
 print("missing packages:", " ".join(missing) if missing else "none")
 EOF
-# Llama-3-8B's KV blocks for the fidelity runs, one number for the real engine
-# and the simulator alike: room for the Azure conv load, well within what the
-# card leaves after the weights and activations. A block of 16 tokens is 2 MiB.
-case $HW in
-  h200) KV_BLOCKS=32768 ;;  # 69 GB
-  *) KV_BLOCKS=16384 ;;  # 34 GB, for an 80 GB card
-esac
-KV_BLOCKS=${GPU_CHECK_KV_BLOCKS:-$KV_BLOCKS}
-
 if [[ $PARTS == *,tests,* ]]; then
   step "CUDA tests" 90 "$PY" -m pytest -q -m gpu -p no:cacheprovider \
     --continue-on-collection-errors tests/kernels tests/engine
@@ -128,13 +119,13 @@ if [[ $PARTS == *,fidelity,* ]] && [ -f "$PROFILE" ] &&
   "$PY" -c "import hydra, simpy, pyarrow" 2>/dev/null; then
   FID=$(mktemp -d)
   # The engine's default batch limit (256, the largest decode batch of the gpu
-  # grid); the KV blocks above; the trace's tenants and priority classes
-  # for vtc and priority.
+  # grid); the trace's tenants and priority classes for vtc and priority. The KV
+  # cache is each mode's own: memory x utilization - weights - activation peak.
   step "sim-vs-real fidelity" 200 "$PY" -m experiments.fidelity \
     --policies fcfs priority sjf vtc --traces azure_conv \
     --num-requests "${GPU_CHECK_REQUESTS:-200}" \
     --extra "hardware=$HW" "model=$MODEL" engine.max_num_seqs=256 \
-    engine.num_kv_blocks="$KV_BLOCKS" trace.num_tenants=4 trace.priority_classes=3 \
+    trace.num_tenants=4 trace.priority_classes=3 \
     --runs "$FID/runs" --out "$FID/tables" --wandb disabled
   tar -czf "$OUT/fidelity.tgz" --exclude='capacity-*' -C "$FID" . &&
     echo "packed $(du -h "$OUT/fidelity.tgz" | cut -f1)"

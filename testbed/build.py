@@ -10,6 +10,7 @@ nothing here runs anything. No torch: a simulation never imports it.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,7 @@ from testbed.errors import InputError
 from testbed.hardware import HardwareSpec
 from testbed.models import (
     PROJECT_ROOT,
+    GPUMemory,
     ModelSpec,
     ResolvedModel,
     num_kv_blocks,
@@ -88,17 +90,20 @@ def kv_blocks(
     dtype: str,
     kv_cache_bytes: float | None,
 ) -> int:
-    """The engine's KV blocks: as configured, or derived from memory (both modes)."""
+    """The engine's KV blocks: as configured, else a fixed budget (``engine.kv_cache_bytes``,
+    else the hardware's ``kv_cache_bytes``), else what the hardware's memory leaves, by
+    the real engine's formula with the spec sheet's memory and activation peak
+    (``activation_reserve_bytes``) and the model's weights."""
     if engine["num_kv_blocks"]:
         return int(engine["num_kv_blocks"])
-    return num_kv_blocks(
-        spec,
-        dtype,
-        engine["block_size"],
+    memory = GPUMemory(
         hw.memory_bytes,
         engine["gpu_memory_utilization"],
+        spec.weight_bytes(dtype),
         hw.activation_reserve_bytes,
-        engine["kv_cache_bytes"] or kv_cache_bytes,
+    )
+    return num_kv_blocks(
+        spec, dtype, engine["block_size"], engine["kv_cache_bytes"] or kv_cache_bytes, memory
     )
 
 
@@ -106,17 +111,9 @@ def kv_blocks(
 
 
 def scheduler_config(engine: Mapping[str, Any], max_model_len: int) -> SchedulerConfig:
-    spec = speculative_config(engine)
-    return SchedulerConfig(
-        max_num_batched_tokens=engine["max_num_batched_tokens"],
-        max_num_seqs=engine["max_num_seqs"],
-        max_model_len=max_model_len,
-        enable_chunked_prefill=engine["enable_chunked_prefill"],
-        long_prefill_token_threshold=engine["long_prefill_token_threshold"],
-        reserve_full_isl=engine["reserve_full_isl"],
-        num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
-        num_lookahead_tokens=spec.num_lookahead_tokens if spec else 0,
-    )
+    """The scheduler's limits of the engine group (:meth:`SchedulerConfig.of`, as the
+    real engine makes its own from :func:`engine_args`)."""
+    return SchedulerConfig.of(engine, max_model_len, speculative_config(engine))
 
 
 def acceptance_model(cfg: DictConfig, spec: ModelSpec) -> AcceptanceModel | None:
@@ -261,27 +258,20 @@ def policy_name(cfg: DictConfig) -> str:
 
 
 def engine_args(cfg: DictConfig) -> EngineArgs:
-    """The real engine's options from the engine, hardware, mode and policy groups."""
-    e = cfg.engine
+    """The real engine's options: the engine group's own, by name (the two share
+    vLLM's names; ``speculative`` becomes ``speculative_config``), then what the
+    hardware, mode and policy groups set."""
+    e, hw = cfg.engine, cfg.hardware
+    named = {f.name: e[f.name] for f in fields(EngineArgs) if f.name in e}
+    named["kv_cache_bytes"] = e.kv_cache_bytes or hw.kv_cache_bytes  # as kv_blocks takes it
     return EngineArgs(
+        **named,
         model=run_model(cfg).name,
         policy=policy_config(cfg),
-        max_num_seqs=e.max_num_seqs,
-        max_num_batched_tokens=e.max_num_batched_tokens,
-        block_size=e.block_size,
-        enable_prefix_caching=e.enable_prefix_caching,
-        enable_chunked_prefill=e.enable_chunked_prefill,
-        long_prefill_token_threshold=e.long_prefill_token_threshold,
-        reserve_full_isl=e.reserve_full_isl,
         speculative_config=vllm_fields(e.speculative) if e.speculative.method else None,
-        max_model_len=e.max_model_len,
-        num_kv_blocks=e.num_kv_blocks,
-        kv_cache_bytes=e.kv_cache_bytes or cfg.hardware.kv_cache_bytes,
-        gpu_memory_utilization=e.gpu_memory_utilization,
         device=cfg.mode.device,
-        attention_backend=e.attention_backend,
-        threads=cfg.hardware.threads,
-        cpus=OmegaConf.to_container(cfg.hardware.cpus) if cfg.hardware.cpus is not None else None,
+        threads=hw.threads,
+        cpus=OmegaConf.to_container(hw.cpus) if hw.cpus is not None else None,
         seed=cfg.seed,
     )
 

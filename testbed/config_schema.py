@@ -84,7 +84,13 @@ class EngineConfig:
     # scheduler_reserve_full_isl); false: when its first chunk fits.
     reserve_full_isl: bool = True
     enable_prefix_caching: bool = True
-    num_kv_blocks: int | None = None  # None: derived from memory (the same formula in both modes)
+    # None: derived, by one formula in both modes (testbed.models.num_kv_blocks): a
+    # fixed kv_cache_bytes budget (this one, else the hardware's), else memory x
+    # gpu_memory_utilization - weights - activation peak; the simulator takes the
+    # memory and the peak from the hardware entry (memory_bytes,
+    # activation_reserve_bytes), the real engine on CUDA the device's memory and the
+    # peak measured after a warm-up pass at the largest step.
+    num_kv_blocks: int | None = None
     gpu_memory_utilization: float = 0.9
     kv_cache_bytes: float | None = None  # a fixed KV budget; None: the hardware's or its memory
     speculative: SpeculativeOptions = field(default_factory=SpeculativeOptions)

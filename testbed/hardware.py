@@ -30,6 +30,9 @@ class HardwareSpec:
     bandwidth_efficiency: float = 0.8  # achieved fraction of bandwidth (MBU)
     step_overhead_s: float = 0.0  # per step: scheduling, input preparation, launches
     request_overhead_s: float = 0.0  # per request in the batch
+    # The most a step's activations take at once, beside the weights and the KV
+    # cache: the simulator's input to the KV-cache formula (testbed.models.GPUMemory)
+    # where the real engine measures its own after a warm-up pass at the largest step.
     activation_reserve_bytes: float = 0.0
     source: str = ""
 

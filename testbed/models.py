@@ -1,7 +1,7 @@
 """Models as both modes see them: which model a config names (:func:`resolve_model`,
 the one place a model is resolved), its shape (:class:`ModelSpec`, the one
 parse of an HF ``config.json``'s shape fields) and the KV-cache size both modes
-derive from it (:func:`num_kv_blocks`).
+derive from it (:func:`num_kv_blocks`, from a fixed budget or :class:`GPUMemory`).
 
 The simulator charges a step by the model's shape, and the real engine builds
 the model from the same config (``testbed.engine.model_config.ModelConfig`` adds what
@@ -185,27 +185,49 @@ class ModelSpec:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * DTYPE_BYTES[dtype]
 
 
+@dataclass(frozen=True, slots=True)
+class GPUMemory:
+    """What sizes a GPU's KV cache, the same four inputs in both modes. The
+    simulator takes the memory from the hardware's spec sheet, the weights from
+    the model's shape and the activation peak from the hardware entry
+    (``activation_reserve_bytes``); the real engine takes the device's memory and
+    measures the other two (``testbed.engine.factory.measure_gpu_memory``)."""
+
+    memory_bytes: float
+    memory_utilization: float  # the share of memory the engine may take (vLLM's)
+    weight_bytes: float
+    activation_peak_bytes: float  # the most a step's activations take at once
+
+    @property
+    def kv_cache_bytes(self) -> float:
+        """What is left for the KV cache: memory x utilization - weights - activation peak."""
+        return (
+            self.memory_bytes * self.memory_utilization
+            - self.weight_bytes
+            - self.activation_peak_bytes
+        )
+
+
 def num_kv_blocks(
     spec: ModelSpec,
     dtype: str,
     block_size: int,
-    memory_bytes: float,
-    memory_utilization: float = 0.9,
-    activation_reserve_bytes: float = 0.0,
     kv_cache_bytes: float | None = None,
+    memory: GPUMemory | None = None,
 ) -> int:
-    """KV blocks that fit: a fixed ``kv_cache_bytes`` budget when given (the CPU
-    convention), else the device memory share left after weights and activations
-    (the GPU convention, as vLLM's ``gpu_memory_utilization``)."""
+    """KV blocks that fit, in both modes: a fixed ``kv_cache_bytes`` budget when
+    given (the CPU convention), else what ``memory`` leaves (the GPU convention,
+    as vLLM's ``gpu_memory_utilization``)."""
     per_block = block_size * spec.kv_bytes_per_token(dtype)
     if kv_cache_bytes is None:
-        kv_cache_bytes = (
-            memory_bytes * memory_utilization - spec.weight_bytes(dtype) - activation_reserve_bytes
-        )
+        if memory is None:
+            raise ValueError("num_kv_blocks needs kv_cache_bytes or the GPU's memory")
+        kv_cache_bytes = memory.kv_cache_bytes
     blocks = int(kv_cache_bytes // per_block)
     if blocks < 1:
+        weights = spec.weight_bytes(dtype) if memory is None else memory.weight_bytes
         raise ValueError(
             f"no room for a KV cache: {kv_cache_bytes / 2**30:.2f} GiB left for {spec.name} "
-            f"({spec.weight_bytes(dtype) / 2**30:.2f} GiB of {dtype} weights)"
+            f"({weights / 2**30:.2f} GiB of {dtype} weights)"
         )
     return blocks

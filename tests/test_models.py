@@ -48,3 +48,29 @@ def test_a_model_path_that_is_not_a_checkpoint_is_an_input_error(tmp_path):
     cfg = compose_config([f"model.path={tmp_path / 'nothing'}"])
     with pytest.raises(InputError, match=r"model=dummy-llama: no config\.json at"):
         model_spec(cfg.model)
+
+
+def test_a_gpus_kv_cache_is_its_memory_share_less_weights_and_activation_peak():
+    from testbed.models import GPUMemory
+
+    memory = GPUMemory(80e9, 0.9, weight_bytes=16e9, activation_peak_bytes=4e9)
+    assert memory.kv_cache_bytes == 80e9 * 0.9 - 16e9 - 4e9
+    peakier = GPUMemory(80e9, 0.9, weight_bytes=16e9, activation_peak_bytes=6e9)
+    assert peakier.kv_cache_bytes == memory.kv_cache_bytes - 2e9
+
+
+def test_kv_blocks_come_from_a_fixed_budget_else_from_the_gpus_memory():
+    from testbed.models import GPUMemory, num_kv_blocks
+
+    spec = resolve_model("llama3-8b").spec()
+    per_block = 16 * spec.kv_bytes_per_token("bfloat16")  # 2 MiB
+    memory = GPUMemory(80e9, 0.9, spec.weight_bytes("bfloat16"), 4e9)
+    assert num_kv_blocks(spec, "bfloat16", 16, memory=memory) == int(
+        (72e9 - spec.weight_bytes("bfloat16") - 4e9) // per_block
+    )
+    assert num_kv_blocks(spec, "bfloat16", 16, 100 * per_block, memory) == 100  # a budget wins
+    with pytest.raises(ValueError, match="needs kv_cache_bytes or the GPU's memory"):
+        num_kv_blocks(spec, "bfloat16", 16)
+    small = GPUMemory(16e9, 0.9, spec.weight_bytes("bfloat16"), 1e9)
+    with pytest.raises(ValueError, match=r"no room for a KV cache: .* GiB of bfloat16 weights"):
+        num_kv_blocks(spec, "bfloat16", 16, memory=small)

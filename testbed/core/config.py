@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+# The fields an engine's options do not set by name: the model's context and the
+# speculative config's draft counts.
+_DERIVED = ("max_model_len", "num_speculative_tokens", "num_lookahead_tokens")
 
 
 @dataclass(slots=True)
@@ -21,6 +27,27 @@ class SchedulerConfig:
     # Admit a waiting request only when its whole prompt (less prefix hits) fits
     # in free blocks, not just its first chunk (vLLM's scheduler_reserve_full_isl).
     reserve_full_isl: bool = True
+
+    @classmethod
+    def of(
+        cls, engine: Mapping[str, Any] | Any, max_model_len: int, speculative: Any = None
+    ) -> SchedulerConfig:
+        """The limits of an engine's options, the one conversion for both modes: the
+        Hydra ``engine`` group (a mapping) or ``EngineArgs`` (attributes), which name
+        these fields alike (vLLM's names), so that an option added to both reaches
+        either mode's scheduler; with the model's ``max_model_len`` (the options'
+        may be None) and ``speculative``'s draft counts (None: no speculation)."""
+        named = {
+            f.name: engine[f.name] if isinstance(engine, Mapping) else getattr(engine, f.name)
+            for f in fields(cls)
+            if f.name not in _DERIVED
+        }
+        return cls(
+            **named,
+            max_model_len=max_model_len,
+            num_speculative_tokens=speculative.num_speculative_tokens if speculative else 0,
+            num_lookahead_tokens=speculative.num_lookahead_tokens if speculative else 0,
+        )
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from testbed.core.kv_cache import KVCacheManager
+from testbed.core.kv_connector import KVConnector
 from testbed.core.outputs import Executor, ExecutorOutput, SchedulerOutput
 from testbed.core.policy import Policy
 from testbed.core.request import Request
@@ -92,12 +93,21 @@ class EngineCore:
         block_size: int = 16,
         enable_prefix_caching: bool = True,
         clock: Callable[[], float] | None = None,
+        *,
+        config: SchedulerConfig | None = None,
+        connector: KVConnector | None = None,
+        validate: Callable[[Request], str | None] | None = None,
         **scheduler_config,
     ) -> EngineCore:
-        """Make a scheduler, KV-cache manager and engine core in one call."""
+        """Make a KV-cache manager, a scheduler and an engine core in one call. The
+        scheduler's limits: ``config`` (an engine's options made into them by
+        :meth:`SchedulerConfig.of`), else ``SchedulerConfig``'s fields by keyword."""
+        if config is None:
+            config = SchedulerConfig(**scheduler_config)
+        elif scheduler_config:
+            raise TypeError(f"give config or its fields, not both: {sorted(scheduler_config)}")
         kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
-        sched = Scheduler(SchedulerConfig(**scheduler_config), kv, policy)
-        return cls(sched, executor, clock)
+        return cls(Scheduler(config, kv, policy, connector), executor, clock, validate)
 
     def add_request(self, request: Request) -> bool:
         """Queue a request (its ``arrival_time`` is the caller's to set). False: it was

@@ -1,4 +1,5 @@
-"""Build one real engine: model and weights, KV cache sized for the device,
+"""Build one real engine: model and weights, KV cache sized for the device (the
+simulator's formula, with the activation peak a warm-up pass measures on a GPU),
 scheduler with its policy, executor with its attention backend, on a clock."""
 
 from __future__ import annotations
@@ -11,19 +12,28 @@ from typing import Any
 import torch
 
 from policies import make_policy
-from testbed.core import EngineCore, KVCacheManager, Request, Scheduler, SchedulerConfig, WallClock
+from testbed.core import EngineCore, Request, SamplingParams, SchedulerConfig, WallClock
 from testbed.core.kv_connector import PDConnector
 from testbed.engine.args import CPU_KV_CACHE_BYTES, EngineArgs
+from testbed.engine.batch import flatten
 from testbed.engine.device import pick_device, pick_dtype, pin_cpus
 from testbed.engine.draft_model import DraftModelProposer, FirstLayers
 from testbed.engine.executor import ModelExecutor
 from testbed.engine.model import CausalLM
 from testbed.engine.model_config import ModelConfig
 from testbed.engine.ngram import NgramProposer
+from testbed.engine.sampler import Sampler
 from testbed.engine.spec_config import SpeculativeConfig, resolve_draft
 from testbed.engine.weights import build_model
 from testbed.kernels import select_backend
-from testbed.models import ModelSpec, ResolvedModel, num_kv_blocks, resolve_model, same_folder
+from testbed.models import (
+    GPUMemory,
+    ModelSpec,
+    ResolvedModel,
+    num_kv_blocks,
+    resolve_model,
+    same_folder,
+)
 from testbed.threads import governor
 
 
@@ -126,44 +136,26 @@ def build_engine(
         model = build_model(cfg, folder, dtype, device, seed=args.seed)
     spec = ModelSpec.from_hf_config(cfg.raw, name=name)
     dtype_name = str(dtype).removeprefix("torch.")
-    if args.num_kv_blocks:
-        blocks = args.num_kv_blocks
-    elif device.type == "cuda":
-        total = torch.cuda.get_device_properties(device).total_memory
-        blocks = num_kv_blocks(
-            spec,
-            dtype_name,
-            args.block_size,
-            total,
-            args.gpu_memory_utilization,
-            2e9,
-            args.kv_cache_bytes,
-        )
-    else:
-        blocks = num_kv_blocks(
-            spec, dtype_name, args.block_size, 0, 0, 0, args.kv_cache_bytes or CPU_KV_CACHE_BYTES
-        )
     max_len = args.max_model_len or cfg.max_model_len
     speculative = SpeculativeConfig.of(args.speculative_config)
-    sched_cfg = SchedulerConfig(
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_num_seqs=args.max_num_seqs,
-        max_model_len=max_len,
-        enable_chunked_prefill=args.enable_chunked_prefill,
-        long_prefill_token_threshold=args.long_prefill_token_threshold,
-        reserve_full_isl=args.reserve_full_isl,
-        num_speculative_tokens=speculative.num_speculative_tokens if speculative else 0,
-        num_lookahead_tokens=speculative.num_lookahead_tokens if speculative else 0,
-    )
-    kv = KVCacheManager(blocks, args.block_size, args.enable_prefix_caching)
-    scheduler = Scheduler(
-        sched_cfg, kv, make_policy(args.policy), kv_connector(args.kv_transfer_config)
+    config = SchedulerConfig.of(args, max_len, speculative)
+    policy = make_policy(args.policy)
+    connector = kv_connector(args.kv_transfer_config)
+    backend = select_backend(args.attention_backend, device)
+    blocks = engine_kv_blocks(
+        args,
+        spec,
+        dtype_name,
+        device,
+        lambda: measure_gpu_memory(
+            model, backend, device, config, args.block_size, args.gpu_memory_utilization
+        ),
     )
     executor = ModelExecutor(
         model,
         blocks,
         args.block_size,
-        select_backend(args.attention_backend, device),
+        backend,
         device,
         args.seed,
         proposer=make_proposer(
@@ -173,7 +165,7 @@ def build_engine(
             max_len,
             blocks,
             args.block_size,
-            select_backend(args.attention_backend, device),
+            backend,
             device,
             args.seed,
         ),
@@ -181,5 +173,109 @@ def build_engine(
     if device.type == "cpu" and args.threads is None:
         executor.threads = governor()  # one thread per core that others leave free
     executor.warm_up()  # no kernel compiles or loads inside a run's first steps
-    engine = EngineCore(scheduler, executor, clock or WallClock(), token_validator(cfg.vocab_size))
+    engine = EngineCore.build(
+        executor,
+        policy,
+        blocks,
+        args.block_size,
+        args.enable_prefix_caching,
+        clock or WallClock(),
+        config=config,
+        connector=connector,
+        validate=token_validator(cfg.vocab_size),
+    )
     return engine, executor, cfg
+
+
+def engine_kv_blocks(
+    args: EngineArgs,
+    spec: ModelSpec,
+    dtype: str,
+    device: torch.device,
+    measure: Callable[[], GPUMemory],
+) -> int:
+    """The engine's KV blocks (:func:`~testbed.models.num_kv_blocks`, the simulator's
+    formula): ``args.num_kv_blocks``, else a fixed ``kv_cache_bytes`` budget (on a CPU
+    512 MiB by default), else on a GPU what ``measure()`` leaves of its memory."""
+    if args.num_kv_blocks:
+        return args.num_kv_blocks
+    if device.type != "cuda":
+        return num_kv_blocks(
+            spec, dtype, args.block_size, args.kv_cache_bytes or CPU_KV_CACHE_BYTES
+        )
+    if args.kv_cache_bytes is not None:
+        return num_kv_blocks(spec, dtype, args.block_size, args.kv_cache_bytes)
+    return num_kv_blocks(spec, dtype, args.block_size, memory=measure())
+
+
+def largest_step(config: SchedulerConfig) -> list[int]:
+    """The query lengths of the step whose activations take the most memory: the
+    whole token budget over as many requests as may run (each a decode of one
+    token, or a verification of every draft), one prompt taking what they leave
+    (the longest query), none past ``max_model_len``."""
+    per_request = 1 + config.num_speculative_tokens
+    budget = config.max_num_batched_tokens
+    lens = [per_request] * max(1, min(config.max_num_seqs, budget // per_request))
+    left = budget - sum(lens)
+    for i, n in enumerate(lens):
+        more = max(0, min(left, config.max_model_len - n))
+        lens[i], left = n + more, left - more
+    return lens
+
+
+@torch.inference_mode()
+def run_largest_step(
+    model: CausalLM, backend, device: torch.device, config: SchedulerConfig, block_size: int
+) -> int:
+    """One forward pass and sampling at :func:`largest_step`, every request from
+    its first token, each sampling at its last ``1 + num_speculative_tokens``
+    tokens (top-p: the sampler's largest temporaries) into a KV cache of just the
+    blocks it needs; the bytes of that cache."""
+    cfg = model.config
+    dtype = next(model.parameters()).dtype
+    rows, sample_idx, first_block, start = [], [], 0, 0
+    for n in largest_step(config):
+        num_blocks = -(-n // block_size)
+        tokens = [(start + j) % cfg.vocab_size for j in range(n)]
+        rows.append((list(range(first_block, first_block + num_blocks)), tokens, 0))
+        start, first_block = start + n, first_block + num_blocks
+        sample_idx.extend(range(start - min(n, 1 + config.num_speculative_tokens), start))
+    shape = (first_block, block_size, cfg.num_kv_heads, cfg.head_dim)
+    caches = [
+        (
+            torch.zeros(shape, dtype=dtype, device=device),
+            torch.zeros(shape, dtype=dtype, device=device),
+        )
+        for _ in range(cfg.num_layers)
+    ]
+    ids, positions, meta, _ = flatten(rows, block_size, device)
+    hidden = model(ids, positions, meta, caches, backend)
+    logits = model.logits(hidden[sample_idx])
+    params = SamplingParams(temperature=1.0, top_p=0.9)
+    Sampler(device).sample(
+        logits, [str(i) for i in range(len(sample_idx))], [params] * len(sample_idx)
+    )
+    return 2 * len(caches) * caches[0][0].numel() * caches[0][0].element_size()
+
+
+def measure_gpu_memory(
+    model: CausalLM,
+    backend,
+    device: torch.device,
+    config: SchedulerConfig,
+    block_size: int,
+    memory_utilization: float,
+) -> GPUMemory:
+    """The real engine's inputs to the KV-cache formula on a GPU, measured as
+    nano-vllm measures them: the device's memory, what the process holds once the
+    weights are loaded, and the most that a warm-up pass at the largest step
+    (:func:`run_largest_step`) allocates above that, its own small KV cache aside."""
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    weights = torch.cuda.memory_allocated(device)
+    cache = run_largest_step(model, backend, device, config, block_size)
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - weights - cache
+    torch.cuda.empty_cache()  # the pass's cache and activations, back to the device
+    total = torch.cuda.get_device_properties(device).total_memory
+    return GPUMemory(total, memory_utilization, weights, peak)
