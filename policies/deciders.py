@@ -1,22 +1,13 @@
 """Disaggregation deciders: whether a request's prompt is computed on a prefill
 instance and its KV moved to a decode instance, or the decode instance computes
-it itself (BLIS's deciders; llm-d's selective P/D). Used by the simulator's and
-the real engine's disaggregated clusters."""
+it itself (BLIS's deciders; llm-d's selective P/D). The interface,
+:class:`~testbed.core.routing.Decider`, is the core's; the cluster core
+(:mod:`testbed.core.cluster`) asks it in both modes."""
 
 from __future__ import annotations
 
 from testbed.core.request import Request
-
-
-class Decider:
-    """Base class: True to disaggregate ``request``, whose prompt has
-    ``uncached_tokens`` tokens the decode instance it would go to does not hold."""
-
-    name = "base"
-    needs_cached_tokens = False  # whether uncached_tokens must be looked up
-
-    def disaggregate(self, request: Request, uncached_tokens: int) -> bool:
-        raise NotImplementedError
+from testbed.core.routing import Decider
 
 
 class Always(Decider):
@@ -38,7 +29,7 @@ class UncachedPrompt(Decider):
     prefill costs a decode batch less than moving its KV does."""
 
     name = "uncached_prompt"
-    needs_cached_tokens = True
+    reads_cache = True
 
     def __init__(self, threshold: int = 512) -> None:
         if threshold < 0:

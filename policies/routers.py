@@ -4,10 +4,13 @@ The strategies Vidur and production load balancers offer: round-robin, random,
 least outstanding requests (join the shortest queue) and least outstanding
 tokens; power of two choices (Mitzenmacher); and prefix affinity, which sends
 requests that share a prompt prefix to the same replica so that its prefix
-cache holds it (as llm-d's and SGLang's cache-aware routers do). A router sees
-each replica through :class:`ReplicaView`; in the simulator those counts are
-the ones at the replica's last event (arrivals, admissions, completions), which
-is all a real load balancer sees too.
+cache holds it (as SGLang's cache-aware router does, by hashing), and
+prefix-cache-aware routing that reads what each replica's cache holds (as
+llm-d's precise scorer does, from KV events). A router sees
+each replica through :class:`~testbed.core.routing.ReplicaView` (the interface,
+with :class:`~testbed.core.routing.Router`, is the core's): the counts the
+cluster keeps of what it sent each replica, and the KV usage the replica
+reported at its last step, which is all a real load balancer sees too.
 """
 
 from __future__ import annotations
@@ -16,64 +19,9 @@ import random
 import struct
 import zlib
 from collections.abc import Sequence
-from typing import Protocol
 
 from testbed.core.request import Request
-
-
-class ReplicaView(Protocol):
-    index: int
-
-    @property
-    def num_outstanding(self) -> int:
-        """Requests routed to the replica and not finished."""
-        ...
-
-    @property
-    def num_outstanding_tokens(self) -> int:
-        """Prompt tokens of the requests routed to the replica and not finished (the
-        prefill work and KV they bring)."""
-        ...
-
-    @property
-    def kv_usage(self) -> float:
-        """The fraction of its KV blocks in use (as of its last step)."""
-        ...
-
-
-class PoolView:
-    """A replica as a router sees it within a pool of some of a cluster's replicas
-    (``index``: its place in the pool): its counts, read through."""
-
-    __slots__ = ("index", "replica")
-
-    def __init__(self, replica, index: int) -> None:
-        self.replica, self.index = replica, index
-
-    @property
-    def num_outstanding(self) -> int:
-        return self.replica.num_outstanding
-
-    @property
-    def num_outstanding_tokens(self) -> int:
-        return self.replica.num_outstanding_tokens
-
-    @property
-    def kv_usage(self) -> float:
-        return self.replica.kv_usage
-
-
-class Router:
-    """Base class: pick a replica index for ``request``."""
-
-    name = "base"
-
-    def choose(self, request: Request, replicas: Sequence[ReplicaView], now: float) -> int:
-        raise NotImplementedError
-
-    def route(self, request: Request, replicas: Sequence[ReplicaView], now: float) -> int:
-        """:meth:`choose`, where there is a choice (one replica: it)."""
-        return 0 if len(replicas) == 1 else self.choose(request, replicas, now)
+from testbed.core.routing import ReplicaView, Router
 
 
 class RoundRobin(Router):
@@ -198,6 +146,46 @@ class PrefixAffinity(Router):
         return least.index
 
 
+class PrefixCacheAware(Router):
+    """Send a request to the replica whose prefix cache holds the most of its prompt
+    (as llm-d's precise prefix-cache scorer does, from the replicas' KV events;
+    ties: fewest outstanding requests, then lowest index), unless that replica has
+    more than ``(1 + imbalance)`` times the least loaded one's outstanding
+    requests, plus ``slack``: then the least loaded. A request no cache holds
+    any of goes to the least loaded replica."""
+
+    name = "prefix_cache"
+    reads_cache = True
+
+    def __init__(self, imbalance: float = 0.5, slack: int = 4) -> None:
+        if imbalance < 0 or slack < 0:
+            raise ValueError(
+                f"prefix_cache: imbalance and slack must be >= 0 (got {imbalance}, {slack})"
+            )
+        self.imbalance, self.slack = imbalance, slack
+        self.num_affine = self.num_fallback = 0  # choices by cache, and otherwise
+
+    def choose(self, request: Request, replicas: Sequence[ReplicaView], now: float) -> int:
+        least = min(replicas, key=lambda r: (r.num_outstanding, r.index))
+        bound = (1 + self.imbalance) * least.num_outstanding + self.slack
+        best, best_hit = least, 0
+        for r in replicas:
+            if r.num_outstanding > bound:
+                continue
+            hit = r.prefix_hit_tokens(request)
+            if hit > best_hit or (
+                hit == best_hit
+                and hit > 0
+                and (r.num_outstanding, r.index) < (best.num_outstanding, best.index)
+            ):
+                best, best_hit = r, hit
+        if best_hit > 0:
+            self.num_affine += 1
+        else:
+            self.num_fallback += 1
+        return best.index
+
+
 ROUTERS = {
     cls.name: cls
     for cls in (
@@ -208,6 +196,7 @@ ROUTERS = {
         LeastKVUsage,
         PowerOfTwo,
         PrefixAffinity,
+        PrefixCacheAware,
     )
 }
 

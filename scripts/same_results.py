@@ -9,7 +9,9 @@ change the code, record them again, compare.
 The set: every bundled policy simulated on the full Azure conv trace (Llama-3-8B
 on an H200's profile, 8 tenants, 3 priority classes) and on Mooncake conv (the
 default model on this CPU's profile, 4 tenants, 3 priority classes); four
-replicas; a capacity search (``load=``); a run stepped without fast-forward at a
+replicas; prefix affinity on four replicas and disaggregated prefill/decode
+(2P2D, every prompt moved, and the uncached-prompt decider) on Mooncake conv; a
+capacity search (``load=``); a run stepped without fast-forward at a
 latency scale; and a short real run with greedy sampling, twice. Simulations
 must agree field for field (``metrics.json`` but for wall-clock fields,
 ``requests.csv`` and ``steps.csv`` byte for byte); real runs in their output
@@ -38,6 +40,28 @@ SIM_RUNS: dict[str, list[str]] = {
     **{f"azure_{p}": ["mode=sim", f"policy={p}", *AZURE, *TENANTS] for p in POLICIES},
     **{f"mooncake_{p}": ["mode=sim", f"policy={p}", *MOONCAKE] for p in POLICIES},
     "azure_replicas4": ["mode=sim", "policy=vtc", *AZURE, *TENANTS, "cluster=replicas4"],
+    "mooncake_affinity4": [
+        "mode=sim",
+        *MOONCAKE,
+        "cluster=replicas4",
+        "cluster.router=prefix_affinity",
+    ],
+    "mooncake_disagg": [
+        "mode=sim",
+        *MOONCAKE,
+        "cluster=disagg",
+        "cluster.num_prefill=2",
+        "cluster.num_decode=2",
+    ],
+    "mooncake_disagg_uncached": [
+        "mode=sim",
+        *MOONCAKE,
+        "cluster=disagg",
+        "cluster.num_prefill=2",
+        "cluster.num_decode=2",
+        "cluster.decider=uncached_prompt",
+        "+cluster.decider_args.threshold=1024",
+    ],
     "default": ["mode=sim"],
     "stepped_scaled": [
         "mode=sim",

@@ -104,7 +104,7 @@ class ClusterConfig:
 
     num_replicas: int = 1
     # round_robin | random | least_outstanding | least_outstanding_tokens |
-    # power_of_two | prefix_affinity | least_kv_usage (policies/routers.py)
+    # power_of_two | prefix_affinity | prefix_cache | least_kv_usage (policies/routers.py)
     router: str = "round_robin"
     router_args: dict[str, Any] = field(default_factory=dict)  # the router's options
     # Disaggregated prefill/decode (both modes): num_prefill prefill and num_decode

@@ -72,6 +72,9 @@ class BlockPool:
         self.duplicates: dict[tuple[int, Hashable], dict[int, KVCacheBlock]] = {}
         self._num_registered = 0
         self.num_evictions = 0
+        # When a list: every key made findable (True) or no longer findable (False),
+        # by its chain hash, in order (vLLM's KV events: a router mirrors a cache).
+        self.events: list[tuple[bool, int]] | None = None
 
     @property
     def num_blocks(self) -> int:
@@ -113,6 +116,8 @@ class BlockPool:
         holders = self.duplicates.get(key)
         if holders is None:
             del self.cached[key]
+            if self.events is not None:
+                self.events.append((False, hash(key)))
             return
         del holders[block.block_id]
         if self.cached[key] is block:
@@ -146,7 +151,10 @@ class BlockPool:
         block.cache_key = key
         self._num_registered += 1
         existing = self.cached.setdefault(key, block)
-        if existing is not block:
+        if existing is block:
+            if self.events is not None:
+                self.events.append((True, hash(key)))
+        else:
             holders = self.duplicates.get(key)
             if holders is None:
                 holders = self.duplicates[key] = {existing.block_id: existing}
@@ -161,6 +169,39 @@ class BlockPool:
             self.evict(block)
             self.free_uncached.append(block)
         self.free_cached.clear()
+
+
+class PrefixCacheMirror:
+    """What another process knows of a prefix cache from its events
+    (:attr:`BlockPool.events`): the chain hashes findable there, and so how much
+    of a request's prompt it holds, as :meth:`KVCacheManager.get_computed_blocks`
+    counts it (up to a collision of 64-bit hashes)."""
+
+    def __init__(self, block_size: int, enable_prefix_caching: bool = True) -> None:
+        self.block_size, self.enabled = block_size, enable_prefix_caching
+        self.hashes: set[int] = set()
+
+    def apply(self, events: Sequence[tuple[bool, int]]) -> None:
+        for stored, h in events:
+            if stored:
+                self.hashes.add(h)
+            else:
+                self.hashes.discard(h)
+
+    def prefix_hit_tokens(self, request: Request) -> int:
+        if not self.enabled:
+            return 0
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        parent, n = ROOT_HASH, 0
+        for i in range(max_blocks):
+            c = request.block_content(i, self.block_size)
+            if c is None:
+                break
+            h = hash((parent, c))
+            if h not in self.hashes:
+                break
+            n, parent = n + 1, h
+        return n * self.block_size
 
 
 @dataclass(slots=True)

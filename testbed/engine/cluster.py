@@ -4,13 +4,16 @@ the parent side of a multi-process real run (``mode=real`` with
 
 The parent starts the workers (:mod:`testbed.engine.worker`, torch
 multiprocessing, spawned), waits until every one has built its engine, then
-replays the trace on the wall clock: each arrival goes to the replica the router
-picks (policies/routers.py, on the parent's counts of what each has
-outstanding), each step's row comes back into one step log, each request comes
-back when it ends. A worker that dies is reported by name and its outstanding
-requests are sent again, from scratch, to the others (or, with none left,
-reported failed); a Ctrl-C or SIGTERM stops every worker and the run still
-returns what it measured.
+replays the trace on the wall clock. Every decision is the cluster core's
+(:class:`~testbed.core.cluster.ClusterCore`, the simulator's too): where an
+arrival goes, whether it is disaggregated, its decode replica, the hand-over of
+its prefill leg, what a lost worker's requests become. This module is its
+transport: it hands the core each arrival, each request a worker sends back and
+each lost worker, and carries out the actions over the workers' queues. The
+core reads a worker's KV usage and prefix cache from what its last step
+reported (:class:`ReplicaState`). Each step's row comes back into one step log.
+A worker that dies is reported by name; a Ctrl-C or SIGTERM stops every worker
+and the run still returns what it measured.
 """
 
 from __future__ import annotations
@@ -26,9 +29,10 @@ from multiprocessing.connection import wait
 import torch
 import torch.multiprocessing as mp
 
-from policies.routers import LeastKVUsage, PoolView
-from testbed.core import Request, RequestStatus, WallClock
-from testbed.core.kv_connector import hand_over, prefill_leg
+from policies.routers import LeastKVUsage
+from testbed.core import Request, WallClock
+from testbed.core.cluster import ClusterCore, Deliver, Finish, PeerLost, Release
+from testbed.core.kv_cache import PrefixCacheMirror
 from testbed.core.kv_faults import KVFaults
 from testbed.engine.args import EngineArgs
 from testbed.engine.device import pick_device
@@ -41,34 +45,31 @@ START_TIMEOUT_S = 600.0  # a worker that has not built its engine by then has fa
 
 
 class ReplicaState:
-    """A worker as the router sees it, and what the parent knows of it."""
+    """A worker as the parent knows it: its process and queues, and what its last
+    step reported (the cluster core's probe of it: KV usage, and with
+    ``mirror`` its prefix cache)."""
 
-    def __init__(self, index: int, process, inbox, outbox) -> None:
+    def __init__(self, index: int, process, inbox, outbox, mirror=None) -> None:
         self.index, self.process, self.inbox, self.outbox = index, process, inbox, outbox
-        self.outstanding: dict[str, Request] = {}  # sent there, not back yet
-        self.num_outstanding_tokens = 0
         self.alive = True
         self.exit_stats: dict | None = None
-        self.kv_usage = 0.0  # at its last step
+        self.kv_usage = 0.0  # after its last step
+        self.mirror: PrefixCacheMirror | None = mirror
 
     @property
     def name(self) -> str:
         return f"engine-{self.index}"
 
-    @property
-    def num_outstanding(self) -> int:
-        return len(self.outstanding)
+    def prefix_hit_tokens(self, request: Request) -> int:
+        if self.mirror is None:
+            raise AssertionError("a router that reads the cache needs the workers' KV events")
+        return self.mirror.prefix_hit_tokens(request)
 
-    def send(self, request: Request) -> None:
-        self.outstanding[request.request_id] = request
-        self.num_outstanding_tokens += request.num_prompt_tokens
-        self.inbox.put(("add", [request]))
-
-    def take(self, request_id: str) -> Request | None:
-        req = self.outstanding.pop(request_id, None)
-        if req is not None:
-            self.num_outstanding_tokens -= req.num_prompt_tokens
-        return req
+    def on_step(self, kv_usage: float, events) -> None:
+        """What a step (or KV) message says of the worker's KV cache."""
+        self.kv_usage = kv_usage
+        if self.mirror is not None and events:
+            self.mirror.apply(events)
 
 
 def worker_args(args: EngineArgs, num_replicas: int, index: int) -> EngineArgs:
@@ -120,13 +121,17 @@ def replay_cluster(
     """Replay ``requests`` on ``num_replicas`` engine processes; the run's records
     (``requests`` as they came back, in their order) and merged step log. With
     ``num_prefill``, the first that many are prefill instances and the rest decode
-    instances (disaggregated: :class:`PDRouting`; ``faults`` injected into their KV
-    transfers, a receive not done in ``kv_timeout_s`` failed; ``kv_backend``: the
-    torch.distributed backend, ``auto``: gloo on a CPU, nccl on GPUs)."""
+    instances (disaggregated: ``decider`` and ``pairing`` as the cluster core takes
+    them; ``faults`` injected into their KV transfers, a receive not done in
+    ``kv_timeout_s`` failed; ``kv_backend``: the torch.distributed backend,
+    ``auto``: gloo on a CPU, nccl on GPUs)."""
     ctx = mp.get_context("spawn")
-    pd_routing = PDRouting(num_prefill, decider, pairing or LeastKVUsage()) if num_prefill else None
+    pairing = pairing or LeastKVUsage()
+    reads_cache = router.reads_cache or (
+        num_prefill > 0 and (pairing.reads_cache or (decider is not None and decider.reads_cache))
+    )
     dist_init = None
-    if pd_routing is not None:
+    if num_prefill:
         backend = kv_group_backend(args, num_replicas, kv_backend)
         dist_init = (f"tcp://127.0.0.1:{free_port()}", num_replicas, backend)
     replicas: list[ReplicaState] = []
@@ -134,7 +139,7 @@ def replay_cluster(
         inbox = ctx.Queue()
         reader, writer = ctx.Pipe(duplex=False)
         own = worker_args(args, num_replicas, i)
-        if pd_routing is not None:
+        if num_prefill:
             role = "kv_producer" if i < num_prefill else "kv_consumer"
             kv_cfg = {"kv_role": role, "kv_rank": i, "kv_timeout_s": kv_timeout_s}
             if faults is not None:
@@ -142,56 +147,45 @@ def replay_cluster(
             own = replace(own, kv_transfer_config=kv_cfg)
         proc = ctx.Process(
             target=worker_main,
-            args=(i, own, inbox, writer, model, dist_init),
+            args=(i, own, inbox, writer, model, dist_init, reads_cache),
             name=f"engine-{i}",
             daemon=True,
         )
         proc.start()
         writer.close()  # the worker's end: a dead worker's pipe reads as closed
-        replicas.append(ReplicaState(i, proc, inbox, reader))
-    outbox = Outboxes(replicas)
-    final: dict[str, Request] = {}
-    log = StepLog()
-    partial, reason, error = False, "finished", None
-    messages: list[str] = []
-    start = time.perf_counter()
+        mirror = PrefixCacheMirror(args.block_size, args.enable_prefix_caching)
+        replicas.append(ReplicaState(i, proc, inbox, reader, mirror if reads_cache else None))
+    core = ClusterCore(replicas, router, num_prefill, decider, pairing if num_prefill else None)
     clock = WallClock()
+    parent = Parent(core, replicas, clock, on_progress)
+    outbox = Outboxes(replicas)
+    partial, reason, error = False, "finished", None
+    start = time.perf_counter()
     try:
         _wait_ready(replicas, outbox)
         clock.reset()
         for rep in replicas:
             rep.inbox.put(("start", clock.origin))
         pending = deque(sorted(requests, key=lambda r: r.arrival_time))
-        while pending or any(rep.outstanding for rep in replicas):
+        while pending or any(core.num_outstanding()):
             now = clock()
             if max_wall_s is not None and now > max_wall_s:
                 partial, reason = True, f"stopped at max_wall_s={max_wall_s}"
                 break
-            live = [rep for rep in replicas if rep.alive]
-            if not live:
+            if not any(rep.alive for rep in replicas):
                 reason = "every engine process died"
                 break
             while pending and pending[0].arrival_time <= now:
-                _dispatch(pending.popleft(), live, router, now, pd_routing)
+                parent.apply(core.arrive(pending.popleft(), now))
             wait = pending[0].arrival_time - clock() if pending else 0.05
-            _drain(
-                outbox, replicas, final, log, max(0.0, min(wait, 0.05)), on_progress, clock,
-                pd_routing,
-            )  # fmt: skip
+            parent.drain(outbox, max(0.0, min(wait, 0.05)))
             for rep in replicas:
                 if rep.alive and not rep.process.is_alive():
-                    others = [r for r in replicas if r.alive and r is not rep]
-                    n = _lost(rep, others, router, clock(), pd_routing, replicas)
-                    what = "sent again to the others" if others else "failed"
-                    messages.append(
-                        f"{rep.name} died (exit code {rep.process.exitcode}): "
-                        f"its {n} outstanding requests {what}"
-                    )
-                    print(f"WARNING: {messages[-1]}", flush=True)
+                    parent.lose(rep)
         for rep in replicas:
             if rep.alive and rep.process.is_alive():
                 rep.inbox.put(("stop",))
-        _collect_exits(replicas, outbox, final, log)
+        _collect_exits(replicas, outbox, parent)
     except KeyboardInterrupt as e:  # the caller re-raises it once the run is written
         partial, reason, error = True, "interrupted", e
     except Exception as e:  # keep what was measured; the caller re-raises
@@ -201,11 +195,12 @@ def replay_cluster(
             if rep.process.is_alive():
                 rep.process.terminate()
             rep.process.join(timeout=5)
-    ordered = [final.get(r.request_id, r) for r in requests]
+    ordered = [parent.final.get(r.request_id, r) for r in requests]
     stats = [rep.exit_stats or {} for rep in replicas]
+    messages = parent.messages
     return RunResult(
         requests=ordered,
-        steps=log,
+        steps=parent.log,
         duration_s=clock(),
         wall_s=time.perf_counter() - start,
         partial=partial or any(r.finish_time is None for r in ordered),
@@ -213,6 +208,90 @@ def replay_cluster(
         error=error,
         extra={"replica_stats": stats, "replica_events": messages},
     )
+
+
+class Parent:
+    """The cluster core's transport over worker processes: it carries out the
+    core's actions on the workers' queues and turns the workers' messages into
+    the core's events; ``final`` holds each request that ended for its user, the
+    step log every worker's rows."""
+
+    def __init__(self, core: ClusterCore, replicas: list[ReplicaState], clock, on_progress=None):
+        self.core, self.replicas, self.clock = core, replicas, clock
+        self.on_progress = on_progress
+        self.final: dict[str, Request] = {}
+        self.log = StepLog()
+        self.messages: list[str] = []  # what happened to the workers, said once each
+
+    def apply(self, actions) -> None:
+        for action in actions:
+            kind = type(action)
+            if kind is Deliver:
+                self.replicas[action.replica].inbox.put(("add", [action.request]))
+            elif kind is Finish:
+                req = action.request
+                self.final[req.request_id] = req
+                if self.on_progress is not None:
+                    self.on_progress(self.clock(), len(self.final))
+            elif kind is Release:
+                _tell(self.replicas[action.replica], ("release", action.leg_id))
+            elif kind is PeerLost:
+                _tell(self.replicas[action.replica], ("peer_dead", action.lost))
+            else:
+                raise AssertionError(f"unknown action {action!r}")
+
+    def drain(self, outbox, timeout: float) -> None:
+        """Take every message there is (waiting up to ``timeout`` for the first)."""
+        block = timeout > 0
+        while True:
+            try:
+                msg = outbox.get(timeout=timeout) if block else outbox.get_nowait()
+            except queue.Empty:
+                return
+            block = False
+            self.handle(msg)
+
+    def handle(self, msg) -> None:
+        """One message from a worker (:mod:`testbed.engine.worker`)."""
+        kind, index = msg[0], msg[1]
+        rep = self.replicas[index]
+        if kind == "step":
+            self.log.add(index, *msg[2])
+            rep.on_step(msg[3], msg[4])
+        elif kind == "kv":  # its KV cache changed between steps
+            rep.on_step(msg[2], msg[3])
+        elif kind == "pull":  # a decode worker waits for a prefill worker's KV
+            _, dst, src, leg_id, tag, n = msg
+            if self.replicas[src].alive and self.replicas[src].process.is_alive():
+                self.replicas[src].inbox.put(("send", leg_id, dst, tag, n))
+            else:
+                _tell(self.replicas[dst], ("fail_load", tag))
+        elif kind == "nosend":  # a prefill worker cannot send a load's KV
+            _, _, dst, tag = msg
+            _tell(self.replicas[dst], ("fail_load", tag))
+        elif kind == "kv_failed":  # a decode worker gave up on a load
+            _, _, src, leg_id = msg
+            self.apply(self.core.transfer_failed(src, leg_id))
+        elif kind == "done":
+            self.apply(self.core.finish(index, [msg[2]], self.clock()))
+        elif kind == "exit":
+            rep.exit_stats = msg[2]
+        elif kind == "error":
+            rep.alive = False
+            raise RuntimeError(f"{rep.name} failed:\n{msg[2]}")
+
+    def lose(self, rep: ReplicaState) -> None:
+        """A worker died: the core says what its outstanding requests become."""
+        rep.alive = False
+        n = self.core.slots[rep.index].num_outstanding
+        self.apply(self.core.lose(rep.index, self.clock(), f"{rep.name} died"))
+        others = any(r.alive for r in self.replicas)
+        what = "sent again to the others" if others else "failed"
+        self.messages.append(
+            f"{rep.name} died (exit code {rep.process.exitcode}): "
+            f"its {n} outstanding requests {what}"
+        )
+        print(f"WARNING: {self.messages[-1]}", flush=True)
 
 
 class Outboxes:
@@ -267,158 +346,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _choose(req: Request, pool: list[ReplicaState], router, now: float) -> ReplicaState:
-    return pool[router.route(req, [PoolView(r, i) for i, r in enumerate(pool)], now)]
-
-
-def _dispatch(req: Request, live: list[ReplicaState], router, now: float, pd=None) -> None:
-    if pd is None:
-        _choose(req, live, router, now).send(req)
-    else:
-        pd.dispatch(req, live, router, now)
-
-
-class PDRouting:
-    """Disaggregated prefill/decode in the parent: an arrival the decider
-    disaggregates goes as a one-token prefill leg to the prefill instance the router
-    picks; when the leg comes back (its KV held there) the request goes to the
-    decode instance the pairing router picks (least KV usage by default), which
-    pulls the KV (the parent passes
-    its ``pull`` on to the prefill instance as a ``send``). Others go whole to a
-    decode instance. The decider sees the prompt's length (the parent does not
-    know what a decode instance has cached)."""
-
-    def __init__(self, num_prefill: int, decider, pairing) -> None:
-        self.num_prefill, self.decider, self.pairing = num_prefill, decider, pairing
-        self.legs: dict[str, Request] = {}  # leg id -> its request
-
-    def _decode(self, req: Request, live: list[ReplicaState], now: float) -> ReplicaState | None:
-        pool = [r for r in live if r.index >= self.num_prefill]
-        return _choose(req, pool, self.pairing, now) if pool else None
-
-    def dispatch(self, req: Request, live: list[ReplicaState], router, now: float) -> None:
-        prefill = [r for r in live if r.index < self.num_prefill]
-        split = self.decider is None or self.decider.disaggregate(req, req.num_prompt_tokens)
-        if not prefill or not split or not any(r.index >= self.num_prefill for r in live):
-            # Whole, to a decode instance (the pairing asked once per request: here,
-            # or for a disaggregated one when its leg is back).
-            (self._decode(req, live, now) or live[0]).send(req)
-            return
-        leg = prefill_leg(req)
-        self.legs[leg.request_id] = req
-        _choose(leg, prefill, router, now).send(leg)
-
-    def finished(self, req: Request, replicas: list[ReplicaState], now: float) -> Request | None:
-        """A request back from a worker: the user's request it finishes, or None
-        (a leg whose request has gone on to a decode instance)."""
-        original = self.legs.pop(req.request_id, None)
-        if original is None:
-            return req
-        if not hand_over(req, original):  # refused or aborted: so is the request
-            return original
-        decode = self._decode(original, [r for r in replicas if r.alive], now)
-        if decode is None:  # every decode instance is gone: computed again whole
-            original.kv_transfer_params = None
-            decode = next(r for r in replicas if r.alive)
-        decode.send(original)
-        return None
-
-    def lost(self, req: Request, others: list[ReplicaState], replicas, router, now: float):
-        """Send again a request lost with its worker: a leg's request from the
-        start (a new leg, or whole); a decode request whole to a decode instance
-        (the prefill worker holding its KV is told to free it)."""
-        original = self.legs.pop(req.request_id, None)
-        if original is not None:
-            self.dispatch(original, others, router, now)
-            return
-        params, req.kv_transfer_params = req.kv_transfer_params, None
-        if params and params.get("remote_instance") is not None:
-            _tell(replicas[params["remote_instance"]], ("release", params["remote_request_id"]))
-        (self._decode(req, others, now) or others[0]).send(req)
-
-    def worker_died(self, rep: ReplicaState, replicas: list[ReplicaState]) -> None:
-        """A prefill worker died: the decode workers give up on loads from it."""
-        if rep.index < self.num_prefill:
-            for other in replicas[self.num_prefill :]:
-                _tell(other, ("peer_dead", rep.index))
-
-
 def _tell(rep: ReplicaState, msg) -> None:
     """Send ``msg`` to a worker, if it is still there."""
     if rep.alive and rep.process.is_alive():
         rep.inbox.put(msg)
 
 
-def _drain(outbox, replicas, final, log, timeout, on_progress, clock, pd=None) -> None:
-    """Take every message there is (waiting up to ``timeout`` for the first)."""
-    block = timeout > 0
-    while True:
-        try:
-            msg = outbox.get(timeout=timeout) if block else outbox.get_nowait()
-        except queue.Empty:
-            return
-        block = False
-        _handle(msg, replicas, final, log, on_progress, clock, pd)
-
-
-def _handle(msg, replicas, final, log, on_progress, clock, pd=None) -> None:
-    kind, index = msg[0], msg[1]
-    rep = replicas[index]
-    if kind == "step":
-        log.add(index, *msg[2])
-        rep.kv_usage = msg[2][5]
-    elif kind == "pull":  # a decode worker waits for a prefill worker's KV
-        _, dst, src, leg_id, tag, n = msg
-        if replicas[src].alive and replicas[src].process.is_alive():
-            replicas[src].inbox.put(("send", leg_id, dst, tag, n))
-        else:
-            _tell(replicas[dst], ("fail_load", tag))
-    elif kind == "nosend":  # a prefill worker cannot send a load's KV
-        _, _, dst, tag = msg
-        _tell(replicas[dst], ("fail_load", tag))
-    elif kind == "kv_failed":  # a decode worker gave up on a load: free its blocks
-        _, _, src, leg_id = msg
-        _tell(replicas[src], ("release", leg_id))
-    elif kind == "done":
-        req = msg[2]
-        if rep.take(req.request_id) is not None:
-            if pd is not None:
-                req = pd.finished(req, replicas, clock())
-            if req is not None:
-                final[req.request_id] = req
-                if on_progress is not None:
-                    on_progress(clock(), len(final))
-    elif kind == "exit":
-        rep.exit_stats = msg[2]
-    elif kind == "error":
-        rep.alive = False
-        raise RuntimeError(f"{rep.name} failed:\n{msg[2]}")
-
-
-def _lost(rep: ReplicaState, others: list[ReplicaState], router, now: float, pd, replicas) -> int:
-    """A worker died: its outstanding requests start again elsewhere, from scratch
-    (the parent's copies were never changed), or fail with the reason; how many."""
-    rep.alive = False
-    if pd is not None:
-        pd.worker_died(rep, replicas)
-    lost = list(rep.outstanding.values())
-    rep.outstanding.clear()
-    for req in lost:
-        if others and pd is not None:
-            pd.lost(req, others, replicas, router, now)
-        elif others:
-            _choose(req, others, router, now).send(req)
-        else:
-            req.status = RequestStatus.FINISHED_ABORTED
-            req.finish_reason = req.reject_reason = f"{rep.name} died"
-            req.finish_time = now
-    return len(lost)
-
-
-def _collect_exits(replicas, outbox, final, log) -> None:
+def _collect_exits(replicas, outbox, parent: Parent) -> None:
     """After the stop: the last rows and every live worker's counters."""
     deadline = time.perf_counter() + 30
     waiting = {r.index for r in replicas if r.alive and r.process.is_alive()}
+    parent.on_progress = None
     while waiting and time.perf_counter() < deadline:
         try:
             msg = outbox.get(timeout=0.5)
@@ -427,4 +365,4 @@ def _collect_exits(replicas, outbox, final, log) -> None:
             continue
         if msg[0] == "exit":
             waiting.discard(msg[1])
-        _handle(msg, replicas, final, log, None, None)
+        parent.handle(msg)

@@ -5,7 +5,8 @@ The parent sends requests (whole :class:`~testbed.core.Request` objects, pickled
 and a stop over a queue; the worker steps its engine whenever it has work, on a
 wall clock that counts from the parent's origin (``time.perf_counter`` is
 system-wide), and sends back, over its own pipe (a worker killed mid-message
-spoils only its own), each step's row of the step log, each request when it
+spoils only its own), each step's row of the step log with its KV usage and
+prefix-cache changes (what the parent's routers read), each request when it
 ends, and at exit its counters.
 
 In a disaggregated cluster the workers also form a ``torch.distributed`` group
@@ -206,15 +207,49 @@ class KVTransport:
             sched.update_connector_output(ended, (), now())
 
 
-def worker_main(index: int, args: EngineArgs, inbox, outbox, model=None, dist_init=None) -> None:
+def step_message(index: int, res, sched) -> tuple:
+    """What a worker tells the parent after a step: the step log's row, its KV
+    usage now (the step's finished requests freed: what a router reads), and the
+    keys its prefix cache made findable or dropped since the last message (when
+    the cluster asks for them: ``sched.kv.pool.events`` is a list)."""
+    return ("step", index, step_row(res), sched.kv.usage, _take_events(sched))
+
+
+def kv_message(index: int, sched) -> tuple:
+    """What a worker tells the parent when its KV cache changed between steps (a
+    transfer ended: blocks freed or filled): its usage and cache changes."""
+    return ("kv", index, sched.kv.usage, _take_events(sched))
+
+
+def _take_events(sched) -> list | tuple:
+    pool = sched.kv.pool
+    events = pool.events
+    if not events:
+        return ()
+    pool.events = []
+    return events
+
+
+def worker_main(
+    index: int,
+    args: EngineArgs,
+    inbox,
+    outbox,
+    model=None,
+    dist_init=None,
+    kv_events: bool = False,
+) -> None:
     """Build the engine (``model``: the resolved (config, folder, name), else
     ``args.model``; ``dist_init``: ``(init_method, world_size, backend)`` of the KV
-    group), say ``ready``, wait for ``("start", origin)``, then serve the parent's
-    messages (:func:`_handle`) until ``("stop",)``."""
+    group; ``kv_events``: report the prefix cache's changes with each step), say
+    ``ready``, wait for ``("start", origin)``, then serve the parent's messages
+    (:func:`_handle`) until ``("stop",)``."""
     try:
         from testbed.engine.factory import build_engine
 
         engine, executor, _ = build_engine(args, model=model)
+        if kv_events:
+            engine.scheduler.kv.pool.events = []
         transport = None
         if dist_init is not None:
             import torch.distributed as dist
@@ -241,11 +276,14 @@ def worker_main(index: int, args: EngineArgs, inbox, outbox, model=None, dist_in
                     transport.finish_sends(STOP_DRAIN_S)
                 break
             if transport is not None:
+                usage = sched.kv.usage
                 transport.poll()
+                if sched.kv.usage != usage or sched.kv.pool.events:
+                    outbox.send(kv_message(index, sched))
             if not (sched.running or sched.waiting or sched.ready):
                 continue  # nothing to run: the next message or transfer
             res = engine.step()
-            outbox.send(("step", index, step_row(res)))
+            outbox.send(step_message(index, res, sched))
             meta = res.scheduler_output.kv_connector_metadata if res.scheduler_output else None
             if meta is not None and transport is not None:
                 transport.start_loads(meta)

@@ -15,13 +15,16 @@ blocks. TTFT includes the prefill, the transfer and the decode side's first
 step. An arrival the decider keeps whole goes to the decode replica the pairing
 picks and is served there.
 
-The fast path: prefill replicas never jump (a leg ends with its prefill). A
-decode replica's jumps are cut by a request delivered to it and bounded only by
-a transfer into it ending or failing (the pairing reads its KV usage from the
-planned steps: ``Replica.kv_usage``); with a decider that reads its prefix
-cache, they stop before every event that may touch it instead: an arrival, a
-prefill step that may end with finished legs, a transfer. Processor sharing only
-delays a transfer already under way, so a link's next finish is a safe bound.
+Every decision (decider, routers, pairing, hand-over) is the cluster core's
+(:class:`~testbed.core.cluster.ClusterCore`), as in the real cluster; this
+module adds the link and the fast path's inputs. Prefill replicas never jump (a
+leg ends with its prefill). A decode replica's jumps are cut by a request
+delivered to it and bounded only by a transfer into it ending or failing (the
+pairing reads its KV usage from the planned steps: ``Replica.kv_usage``); with
+a decider or pairing that reads its prefix cache, they stop before every event
+that may touch it instead: an arrival, a prefill step that may end with
+finished legs, a transfer (the core's rule). Processor sharing only delays a
+transfer already under way, so a link's next finish is a safe bound.
 """
 
 from __future__ import annotations
@@ -30,11 +33,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from policies.deciders import Always, Decider
-from policies.routers import LeastKVUsage, PoolView, Router
-from testbed.core import EngineCore, Request
-from testbed.core.kv_connector import hand_over, prefill_leg
+from policies.deciders import Always
+from policies.routers import LeastKVUsage
+from testbed.core import EngineCore
+from testbed.core.cluster import ClusterCore
 from testbed.core.kv_faults import KVFaults
+from testbed.core.routing import Decider, Router
 from testbed.sim.kv_transfer import KVTransfers
 from testbed.sim.link import LinkSpec
 from testbed.sim.simulator import Replica, Simulation
@@ -64,14 +68,12 @@ class DisaggSimulation(Simulation):
             raise ValueError(
                 f"need a prefill and a decode replica, got {num_prefill}P{num_decode}D"
             )
+        self.num_prefill = num_prefill
+        self.decider = decider or Always()
+        self.pairing = pairing or LeastKVUsage()
         super().__init__(
             requests, make_engine, latency_model, num_prefill + num_decode, router, **kwargs
         )
-        self.num_prefill = num_prefill
-        self.prefill_pool = [PoolView(r, k) for k, r in enumerate(self.replicas[:num_prefill])]
-        self.decode_pool = [PoolView(r, k) for k, r in enumerate(self.replicas[num_prefill:])]
-        self.decider = decider or Always()
-        self.pairing = pairing or LeastKVUsage()
         self.transfers = KVTransfers(
             self.env,
             self.replicas,
@@ -80,81 +82,38 @@ class DisaggSimulation(Simulation):
             lambda i, rid: self.replicas[i].engine.scheduler.requests[rid],
             faults,
             timeout_s,
+            release=lambda src, leg: self.apply(self.core.transfer_failed(src, leg)),
         )
         for i, rep in enumerate(self.replicas):
             rep.engine.executor.kv_transfers = lambda meta, i=i: self.transfers.start(i, meta)
-        self.legs: dict[str, Request] = {}  # prefill leg id -> its request
-        self.paired: dict[str, Replica] = {}  # request id -> its decode replica, if chosen
         # No step is shorter (latency models are monotone in every feature).
         self.min_step_s = latency_model.predict(1, 1, 1.0, 1, 1)
         speed = getattr(self.replicas[0].engine.executor, "speed", None)
         if speed is not None:
             self.min_step_s *= speed.min_factor
-        self.num_disaggregated = 0
-        # A decode replica's jumps need not stop for the arrivals and handovers that
-        # only read its KV usage (read from its planned steps); one delivered to it
-        # cuts its jump. The decider that reads its prefix cache needs it stepped.
-        decider_reads_cache = self.decider.needs_cached_tokens
-        for rep in self.replicas:
-            rep.interruptible = rep.index >= num_prefill and not decider_reads_cache
 
-    def _pair(self, request: Request, now: float) -> Replica:
-        """The decode replica for a request (the pairing router's choice)."""
-        return self.decode_pool[self.pairing.route(request, self.decode_pool, now)].replica
+    def make_core(self, router, probes=None) -> ClusterCore:
+        return ClusterCore(
+            probes or self.replicas, router, self.num_prefill, self.decider, self.pairing
+        )
 
-    def route(self, request: Request, now: float) -> None:
-        # The pairing is asked once per request: here if the decider must know
-        # what the decode replica holds (that replica then takes the request after
-        # its prefill), or if the request stays whole; else when its leg is back.
-        uncached, decode = request.num_prompt_tokens, None
-        if self.decider.needs_cached_tokens:
-            decode = self._pair(request, now)
-            uncached -= decode.engine.scheduler.prefix_hit_tokens(request)
-        if not self.decider.disaggregate(request, uncached):
-            (decode or self._pair(request, now)).deliver(request)
-            return
-        leg = prefill_leg(request)
-        self.legs[leg.request_id] = request
-        if decode is not None:
-            self.paired[request.request_id] = decode
-        self.num_disaggregated += 1
-        pool = self.prefill_pool
-        pool[self.dispatcher.router.route(leg, pool, now)].replica.deliver(leg)
-
-    def arrivals_done(self) -> bool:
-        return self.dispatcher.done and not self.legs
+    @property
+    def num_disaggregated(self) -> int:
+        return self.core.num_disaggregated
 
     def next_event_time(self, replica: Replica) -> float:
-        if replica.interruptible:  # only a transfer into it changes it from outside
-            return self.transfers.next_event_time(replica.index)
-        t = self.dispatcher.next_arrival_time
-        if self.legs:
-            # A prefill step hands its finished legs over as it ends; a replica
-            # whose step finishes none may finish some in its next, no sooner than
-            # the shortest step after it. (An idle one starts only on an event.)
-            for view in self.prefill_pool:
-                rep = view.replica
-                end = rep.step_end if rep.finishing else rep.step_end + self.min_step_s
-                t = min(t, end)
-        return min(t, self.transfers.next_event_time(replica.index))
+        return self.core.next_event_time(
+            replica.index,
+            self.dispatcher.next_arrival_time,
+            self.transfers.next_event_time,
+            self._step_end,
+            self.min_step_s,
+        )
 
-    def on_finished(self, finished) -> None:
-        users = []
-        for req in finished:
-            original = self.legs.pop(req.request_id, None)
-            if original is None:
-                users.append(req)
-            elif hand_over(req, original):
-                decode = self.paired.pop(original.request_id, None)
-                (decode or self._pair(original, self.env.now)).deliver(original)
-            else:  # the leg was refused or aborted: so is the request
-                self.paired.pop(original.request_id, None)
-                users.append(original)
-        if users:
-            super().on_finished(users)
-        if not self.legs and self.dispatcher.done:
-            for rep in self.replicas:  # those waiting for more may stop
-                rep.wake()
+    def _step_end(self, replica: int) -> tuple[float, bool]:
+        """When ``replica``'s step under way ends, and whether requests finish with it."""
+        rep = self.replicas[replica]
+        return rep.step_end, rep.finishing
 
     def disagg_metrics(self, duration_s: float) -> dict[str, float]:
         """``metrics.json``'s fields of the cluster: transfers, links, each pool's

@@ -26,7 +26,8 @@ class KVTransfers:
 
     ``replicas``: the simulation's replicas (``engine.scheduler``, ``wake()``);
     ``bytes_per_token``: the model's KV bytes per token; ``faults``: those to
-    inject; ``timeout_s``: when a receive that has not ended fails."""
+    inject; ``timeout_s``: when a receive that has not ended fails; ``release``:
+    called with (prefill replica, leg id) when a load fails."""
 
     def __init__(
         self,
@@ -37,11 +38,19 @@ class KVTransfers:
         requests: Callable[[int, str], Request],
         faults: KVFaults | None = None,
         timeout_s: float = float("inf"),
+        release: Callable[[int, str], object] | None = None,
     ) -> None:
         self.env, self.replicas, self.spec = env, replicas, spec
         self.bytes_per_token = bytes_per_token
         self._request = requests  # (replica, request id) -> the request there
         self.faults, self.timeout_s = faults or KVFaults(), timeout_s
+        # (replica, leg id): what a failed load's prefill side does (the cluster
+        # core's decision); by default it frees the leg's blocks.
+        self._release = release or (
+            lambda src, leg: self.replicas[src].engine.scheduler.update_connector_output(
+                {leg}, (), self.env.now
+            )
+        )
         self.links: dict[tuple[int, int], Link] = {}
         self._version: dict[tuple[int, int], int] = {}
         self._done: dict[tuple[int, int], dict[str, tuple[int, KVLoad]]] = {}
@@ -113,7 +122,7 @@ class KVTransfers:
         self._request(dst, load.request_id).kv_transfer_end = now
         decode, prefill = self.replicas[dst], self.replicas[load.remote_instance]
         decode.engine.scheduler.update_connector_output((), (), now, {load.request_id})
-        prefill.engine.scheduler.update_connector_output({load.remote_request_id}, (), now)
+        self._release(load.remote_instance, load.remote_request_id)
         decode.wake()
         prefill.wake()
 

@@ -1,9 +1,13 @@
 """The discrete-event simulation: replicas, a dispatcher with a router, simpy time.
 
-Entities: a :class:`Dispatcher` (arrivals in trace order, routed to replicas
-when their time comes) and one :class:`Replica` process per engine instance,
-each running the shared :class:`EngineCore` with a :class:`SimExecutor`.
-Events: arrivals, and step ends (a step lasts its predicted latency).
+Entities: a :class:`Dispatcher` (arrivals in trace order, handed to the cluster
+core when their time comes) and one :class:`Replica` process per engine
+instance, each running the shared :class:`EngineCore` with a
+:class:`SimExecutor`. Events: arrivals, and step ends (a step lasts its
+predicted latency). Where a request goes is decided by the
+:class:`~testbed.core.cluster.ClusterCore` the real cluster uses too; this
+module is its transport on simulated time, and takes the bound on its jumps
+from the core (:meth:`~testbed.core.cluster.ClusterCore.next_event_time`).
 
 Arrival order is deterministic: before a replica starts a step it has the
 dispatcher route every arrival due by then, so an arrival at time ``t`` is seen
@@ -25,8 +29,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import simpy
 
-from policies.routers import RoundRobin, Router
+from policies.routers import RoundRobin
 from testbed.core import EngineCore, Request
+from testbed.core.cluster import Action, ClusterCore, Deliver, Finish, Release
 from testbed.core.fast_forward import advance_decode, decode_horizon, decode_usage
 from testbed.core.policy import warn_of_costs
 from testbed.core.request import SERVED
@@ -58,8 +63,6 @@ class Replica:
         self.sim, self.index, self.engine = sim, index, engine
         self.inbox: list[Request] = []
         self.idle: simpy.Event | None = None
-        self.num_outstanding = 0  # routed here, not yet finished
-        self.num_outstanding_tokens = 0  # their prompt tokens
         # While a step runs: when it ends, and whether requests finish with it.
         self.step_end = math.inf
         self.finishing = False
@@ -74,8 +77,6 @@ class Replica:
 
     def deliver(self, request: Request) -> None:
         self.inbox.append(request)
-        self.num_outstanding += 1
-        self.num_outstanding_tokens += request.num_prompt_tokens
         if self._cuttable:  # in a jump: it ends with the step under way
             self._cuttable = False
             self.process.interrupt()
@@ -92,6 +93,10 @@ class Replica:
         # The step under way now (the last started) has allocated its blocks.
         i = bisect.bisect_right(self._plan, self.sim.env.now) - 1
         return self._plan_usage[min(max(i, 0), len(self._plan) - 1)] / kv.num_blocks
+
+    def prefix_hit_tokens(self, request: Request) -> int:
+        """Tokens of ``request``'s prompt this replica's prefix cache holds now."""
+        return self.engine.scheduler.prefix_hit_tokens(request)
 
     def wake(self) -> None:
         """Let the replica look again if it waits for an event (an arrival, KV)."""
@@ -242,22 +247,18 @@ class Replica:
         return finished
 
     def _finished(self, finished: Sequence[Request]) -> None:
-        self.num_outstanding -= len(finished)
-        self.num_outstanding_tokens -= sum(r.num_prompt_tokens for r in finished)
-        self.sim.on_finished(finished)
+        self.sim.on_finished(self.index, finished)
 
 
 class Dispatcher:
-    """Routes arrivals to replicas at their arrival time (a simpy process).
+    """Hands arrivals to the cluster core at their arrival time (a simpy process).
 
     Takes requests in arrival order (a stable sort of a list; a
     :class:`RequestStream` makes them in that order as they are reached) and
     knows each dispatched, unfinished one by id with its row in the trace."""
 
-    def __init__(
-        self, sim: Simulation, requests: Sequence[Request] | RequestStream, router: Router
-    ) -> None:
-        self.sim, self.router = sim, router
+    def __init__(self, sim: Simulation, requests: Sequence[Request] | RequestStream) -> None:
+        self.sim = sim
         if isinstance(requests, RequestStream):
             self._source = iter(requests)
         else:
@@ -314,7 +315,7 @@ class Simulation:
         make_engine: Callable[[int, Callable[[], float]], EngineCore],
         latency_model,
         num_replicas: int = 1,
-        router: Router | None = None,
+        router=None,
         fast_forward: bool = True,
         on_progress: Callable[[float, int], None] | None = None,
         max_sim_time_s: float | None = None,
@@ -337,31 +338,62 @@ class Simulation:
         self.max_sim_time_s = max_sim_time_s
         clock = lambda: self.env.now  # noqa: E731
         self.replicas = [Replica(self, i, make_engine(i, clock)) for i in range(num_replicas)]
-        self.dispatcher = Dispatcher(self, self.requests, router or RoundRobin())
-        # With several replicas an arrival goes to one: the others' jumps need not
-        # stop for it (the router reads their counts, which change only as their
-        # runs end, and their KV usage, read from the planned steps).
+        self.dispatcher = Dispatcher(self, self.requests)
+        self.core = self.make_core(router or RoundRobin())
+        # A replica that decisions read only through counts and KV usage (read
+        # from the planned steps) need not stop its jumps for an arrival that may
+        # go elsewhere: one delivered to it cuts them.
         for rep in self.replicas:
-            rep.interruptible = num_replicas > 1
+            rep.interruptible = self.core.cut_by_delivery(rep.index)
         if fast_forward:  # what the policy's hooks cost the jumps, said once per class
             warn_of_costs(self.replicas[0].engine.scheduler.policy)
 
+    def make_core(self, router, probes=None) -> ClusterCore:
+        """The cluster core, reading each replica's KV usage and cache from it (or
+        from ``probes``)."""
+        return ClusterCore(probes or self.replicas, router)
+
     def route(self, request: Request, now: float) -> None:
-        """Send an arrival to the replica its router chooses."""
-        self.replicas[self.dispatcher.router.route(request, self.replicas, now)].deliver(request)
+        """Hand an arrival to the cluster core; carry out what it decides."""
+        self.apply(self.core.arrive(request, now))
+
+    def apply(self, actions: list[Action]) -> list[Request]:
+        """Carry out the core's actions; the requests that ended for their users."""
+        ended = []
+        for action in actions:
+            kind = type(action)
+            if kind is Deliver:
+                self.replicas[action.replica].deliver(action.request)
+            elif kind is Finish:
+                ended.append(action.request)
+            elif kind is Release:  # both ends are here: the caller wakes them
+                sched = self.replicas[action.replica].engine.scheduler
+                sched.update_connector_output({action.leg_id}, (), self.env.now)
+            else:
+                raise AssertionError(f"no replica of a simulation is lost: {action}")
+        return ended
 
     def arrivals_done(self) -> bool:
         """Whether no request will reach a replica any more."""
-        return self.dispatcher.done
+        return self.dispatcher.done and self.core.idle
 
     def next_event_time(self, replica: Replica) -> float:
         """The earliest time anything outside ``replica`` may look at it or change
         it (for one whose jumps a delivery cuts: change it otherwise): its fast
-        path's jumps stop before then (here: the next arrival, which a router may
-        send anywhere after reading every replica's counts; nothing else)."""
-        return math.inf if replica.interruptible else self.dispatcher.next_arrival_time
+        path's jumps stop before then. The rule is the cluster core's."""
+        return self.core.next_event_time(replica.index, self.dispatcher.next_arrival_time)
 
-    def on_finished(self, finished: Sequence[Request]) -> None:
+    def on_finished(self, replica: int, finished: Sequence[Request]) -> None:
+        """Requests back from ``replica``: the core says who has ended (and where a
+        finished prefill leg's request goes on)."""
+        ended = self.apply(self.core.finish(replica, finished, self.env.now))
+        if ended:
+            self.record_finished(ended)
+        if self.core.disaggregated and self.core.idle and self.dispatcher.done:
+            for rep in self.replicas:  # those waiting for more may stop
+                rep.wake()
+
+    def record_finished(self, finished: Sequence[Request]) -> None:
         """Count them, pool the finished ones' token gaps and keep only counts of
         their tokens (memory stays per request, not per token)."""
         self.num_finished += len(finished)
@@ -416,6 +448,6 @@ class Simulation:
             gaps=self.gaps,
             extra={
                 "num_finished_reported": self.num_finished,
-                "outstanding": [rep.num_outstanding for rep in self.replicas],
+                "outstanding": self.core.num_outstanding(),
             },
         )

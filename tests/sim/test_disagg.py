@@ -89,7 +89,7 @@ def test_transfers_share_a_link_and_blocks_come_back(tmp_path):
         "cluster.num_prefill=2", "cluster.num_decode=2",
         "cluster.link_bandwidth_bytes_s=2e7", "trace.num_requests=80", "trace.rate=20",
     )  # fmt: skip
-    assert sim.num_prefill == 2 and len(sim.decode_pool) == 2
+    assert sim.num_prefill == 2 and len(sim.core.decode_pool) == 2
     assert sum(r.kv_transfer_bytes > 0 for r in result.requests) == 80
     assert extra["kv_link_utilization_max"] > 0
     ends = sorted((r.kv_transfer_start, r.kv_transfer_end) for r in result.requests)
