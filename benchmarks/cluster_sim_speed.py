@@ -5,17 +5,24 @@ and the process's peak memory, each configuration in its own process. The
 single replica is the peer: a cluster should stay within 2x of its speed.
 
     python benchmarks/cluster_sim_speed.py [--repeats 3] [--out FILE.json]
+        [--baseline CHECKOUT] [--only NAME ...]
+
+``--baseline``: another checkout of the project (``git worktree add DIR REV``),
+its simulator run interleaved with this one's on the same configurations: the
+ratio says whether a change made the simulator slower on this noisy machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from common import write_results
 
@@ -52,25 +59,36 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default="benchmarks/results/cluster_sim_speed.json")
+    ap.add_argument("--baseline", type=Path, help="another checkout, run interleaved")
+    ap.add_argument("--only", nargs="*", choices=sorted(CLUSTERS), help="configurations")
     ap.add_argument("--child", nargs="*", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child is not None:
         child(a.child)
         return
-    walls: dict[str, list[float]] = {name: [] for name in CLUSTERS}
+    names = [n for n in CLUSTERS if not a.only or n in a.only or n == "1 replica"]
+    trees = {"": Path(__file__).resolve().parent.parent}
+    if a.baseline is not None:
+        trees["baseline"] = a.baseline.resolve()
+    walls = {(tree, name): [] for tree in trees for name in names}
     info: dict[str, dict] = {}
     for _ in range(a.repeats):  # interleaved: the machine's drift moves all alike
-        for name, overrides in CLUSTERS.items():
-            out = subprocess.run(
-                [sys.executable, __file__, "--child", *overrides],
-                capture_output=True, text=True, check=True,
-            )  # fmt: skip
-            info[name] = json.loads(out.stdout.strip().splitlines()[-1])
-            walls[name].append(info[name]["wall_s"])
-    base = statistics.median(walls["1 replica"])
+        for name in names:
+            for tree, root in trees.items():
+                out = subprocess.run(
+                    [sys.executable, str(root / "benchmarks" / Path(__file__).name),
+                     "--child", *CLUSTERS[name]],
+                    capture_output=True, text=True, check=True, cwd=root,
+                    env={**os.environ, "PYTHONPATH": str(root)},
+                )  # fmt: skip
+                got = json.loads(out.stdout.strip().splitlines()[-1])
+                if not tree:
+                    info[name] = got
+                walls[tree, name].append(got["wall_s"])
+    base = statistics.median(walls["", "1 replica"])
     rows = []
-    for name in CLUSTERS:
-        wall = statistics.median(walls[name])
+    for name in names:
+        wall = statistics.median(walls["", name])
         rows.append(
             dict(
                 cluster=name,
@@ -83,11 +101,23 @@ def main() -> None:
             )
         )
         r = rows[-1]
-        print(
+        line = (
             f"{name:<22} {r['wall_s']:7.2f} s  {r['requests_per_wall_s']:8.0f} req/s  "
             f"x{r['slowdown_vs_one_replica']:.2f}  peak {r['peak_mb']:.0f} MB"
         )
-    write_results(a.out, "cluster_sim_speed", rows, repeats=a.repeats, trace="azure_conv")
+        if a.baseline is not None:
+            r["baseline_wall_s"] = statistics.median(walls["baseline", name])
+            r["speed_vs_baseline"] = r["baseline_wall_s"] / wall
+            line += f"  baseline {r['baseline_wall_s']:.2f} s (x{r['speed_vs_baseline']:.2f})"
+        print(line)
+    write_results(
+        a.out,
+        "cluster_sim_speed",
+        rows,
+        repeats=a.repeats,
+        trace="azure_conv",
+        baseline=str(a.baseline) if a.baseline is not None else None,
+    )
 
 
 if __name__ == "__main__":
