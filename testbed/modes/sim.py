@@ -25,7 +25,7 @@ from testbed.build import (
     scheduler_config,
     speed_trace,
 )
-from testbed.core import EngineCore, KVCacheManager, Request, Scheduler
+from testbed.core import EngineCore, Request
 from testbed.core.kv_connector import PDConnector
 from testbed.core.spec_stats import SpecDecodingStats
 from testbed.metrics import RunResult
@@ -59,12 +59,12 @@ def simulate(
     cluster = cfg.cluster
     disagg = cluster.num_prefill > 0
 
+    limits = scheduler_config(engine, max_len)
+
     def make_engine(i: int, clock) -> EngineCore:
-        kv = KVCacheManager(blocks, engine.block_size, engine.enable_prefix_caching)
         connector = None
         if disagg:  # replicas 0..P-1 prefill, the rest decode
             connector = PDConnector("producer" if i < cluster.num_prefill else "consumer", i)
-        sched = Scheduler(scheduler_config(engine, max_len), kv, make_policy(policy), connector)
         executor = SimExecutor(
             latency,
             acceptance,
@@ -78,7 +78,18 @@ def simulate(
             speed=speed,
             clock=clock,
         )
-        engines.append(EngineCore(sched, executor, clock))
+        engines.append(
+            EngineCore.build(
+                executor,
+                make_policy(policy),
+                blocks,
+                engine.block_size,
+                engine.enable_prefix_caching,
+                clock,
+                config=limits,
+                connector=connector,
+            )
+        )
         return engines[-1]
 
     common = dict(
