@@ -133,6 +133,43 @@ def test_greedy_outputs_of_one_prefill_and_one_decode_process_are_one_engines():
         assert r.kv_transfer_bytes > 0 and r.first_token_time > r.kv_transfer_end
 
 
+def test_the_uncached_prompt_decider_reads_the_decode_process_cache():
+    """mode=real with cluster.decider=uncached_prompt: the decider gets the prompt
+    tokens the decode process does not hold (from its KV events), as the
+    simulator's does. A short prompt is kept whole and computed on the decode
+    process; a later, longer one sharing its first blocks has few uncached tokens
+    and stays whole too (the whole prompt is above the threshold); a long prompt
+    nothing holds is disaggregated. Outputs stay one engine's."""
+    import random
+
+    from policies.deciders import make_decider
+
+    rng = random.Random(5)
+    shared = [1] + [rng.randrange(3, 500) for _ in range(79)]
+    prompts = [
+        shared,  # 80 uncached: whole
+        shared + [rng.randrange(3, 500) for _ in range(40)],  # 120 long, 56 uncached: whole
+        [1] + [rng.randrange(3, 500) for _ in range(119)],  # 120 uncached: disaggregated
+    ]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    reqs = [
+        Request(f"u{i}", prompt_token_ids=p, sampling_params=params, arrival_time=1.5 * i)
+        for i, p in enumerate(prompts)
+    ]
+    args = EngineArgs(model=stories(), max_num_seqs=8)
+    decider = make_decider("uncached_prompt", threshold=100)
+    result = replay_cluster(
+        args, reqs, 2, make_router("round_robin"), num_prefill=1, decider=decider
+    )
+    assert not result.partial and result.stop_reason == "finished"
+    whole, shared_prefix, moved = result.requests
+    assert whole.kv_transfer_start is None and shared_prefix.kv_transfer_start is None
+    assert shared_prefix.num_cached_tokens >= 64  # the decode process's cache held it
+    assert moved.kv_transfer_start is not None and moved.kv_transfer_bytes > 0
+    expected = [o.token_ids for o in LLM(stories()).generate(prompts, params)]
+    assert [list(r.output_token_ids) for r in result.requests] == expected
+
+
 @functools.cache
 def alone_cached(n: int, max_tokens: int = 24) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(t) for t in alone(n, max_tokens))
