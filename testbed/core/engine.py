@@ -20,6 +20,7 @@ from testbed.core.outputs import Executor, ExecutorOutput, SchedulerOutput
 from testbed.core.policy import Policy
 from testbed.core.request import Request
 from testbed.core.scheduler import Scheduler, SchedulerConfig
+from testbed.core.scheduler_interface import SchedulerInterface
 
 
 class WallClock:
@@ -68,11 +69,12 @@ class StepResult:
 
 
 class EngineCore:
-    """Drives one engine instance: ``step()`` = schedule, execute, update."""
+    """Drives one engine instance: ``step()`` = schedule, execute, update. It uses
+    only the scheduler's declared surface (:class:`SchedulerInterface`)."""
 
     def __init__(
         self,
-        scheduler: Scheduler,
+        scheduler: SchedulerInterface,
         executor: Executor,
         clock: Callable[[], float] | None = None,
         validate: Callable[[Request], str | None] | None = None,
@@ -131,9 +133,9 @@ class EngineCore:
         start = self.clock()
         out = sched.schedule(start)
         _, _, pairs, kv, max_kv = out.features()  # before the update moves computed counts
-        kv_usage = sched.kv.usage  # what the step holds, before finished requests free
+        kv_usage = sched.kv_usage  # what the step holds, before finished requests free
         measured = False
-        if out.requests or out.kv_loads or sched.loading:
+        if out.requests or out.kv_loads or sched.num_loading:
             result = self.executor.execute(out)
             if result.latency_s is not None:  # predicted (simulation)
                 latency = result.latency_s
@@ -163,7 +165,7 @@ class EngineCore:
             num_decode_tokens=out.num_decode_tokens,
             num_preempted=len(out.preempted_req_ids),
             kv_usage=kv_usage,
-            num_waiting=len(sched.waiting),
+            num_waiting=sched.num_waiting,
             num_running=len(sched.running),
             kv_tokens=kv,
             attn_pairs=pairs,

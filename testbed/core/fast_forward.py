@@ -8,7 +8,9 @@ go. The result is the same as stepping one at a time (a test proves it): the
 same tokens, the same timestamps, the same KV usage per step; only which free
 block a request gets may differ, which nothing observable depends on.
 
-Only a data plane that samples stand-in tokens (the simulator) may use this.
+Only a data plane that samples stand-in tokens (the simulator) may use this. It
+uses only the scheduler's and the KV-cache manager's declared surfaces
+(:class:`FastPathScheduler`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from array import array
 from collections.abc import Sequence
 
 from testbed.core.request import STAND_IN_TOKEN, Request, RequestStatus
-from testbed.core.scheduler import Scheduler
+from testbed.core.scheduler_interface import FastPathScheduler
 
 FINISHED_LENGTH = RequestStatus.FINISHED_LENGTH
 
@@ -30,7 +32,7 @@ def _new_blocks(reqs: Sequence[Request], have: Sequence[int], bs: int, k: int) -
     return total
 
 
-def decode_horizon(sched: Scheduler, max_steps: int) -> int:
+def decode_horizon(sched: FastPathScheduler, max_steps: int) -> int:
     """How many next steps are certainly plain decodes of every running request,
     with no admission or preemption, and completions only in the last (0 when not
     certain)."""
@@ -83,7 +85,7 @@ def decode_horizon(sched: Scheduler, max_steps: int) -> int:
     bs, free = kv.block_size, kv.num_free_blocks
     if len(running) * (horizon // bs + 1) <= free:
         return horizon  # even a new block each per block_size steps fits
-    have = [len(kv.req_to_blocks[r.request_id]) for r in running]
+    have = kv.num_held_blocks(running)
     if _new_blocks(running, have, bs, horizon) <= free:
         return horizon
     lo, hi = 0, horizon  # the largest k whose blocks fit: lo fits, hi does not
@@ -96,17 +98,17 @@ def decode_horizon(sched: Scheduler, max_steps: int) -> int:
     return lo
 
 
-def decode_usage(sched: Scheduler, k: int) -> list[int]:
+def decode_usage(sched: FastPathScheduler, k: int) -> list[int]:
     """The number of blocks in use during each of the next ``k`` plain decode steps
     (within the horizon), without taking any."""
     kv = sched.kv
     bs = kv.block_size
     used = kv.num_blocks - kv.num_free_blocks
     grow = [0] * (k + 1)
-    blocks_of = kv.req_to_blocks
-    for req in sched.running:
+    running = sched.running
+    for req, held in zip(running, kv.num_held_blocks(running), strict=True):
         # Step j computes the token at position c + j - 1, so needs c + j slots.
-        j = len(blocks_of[req.request_id]) * bs - req.num_computed_tokens + 1
+        j = held * bs - req.num_computed_tokens + 1
         while j <= k:
             grow[j] += 1
             j += bs
@@ -118,7 +120,7 @@ def decode_usage(sched: Scheduler, k: int) -> list[int]:
 
 
 def advance_decode(
-    sched: Scheduler, end_times: Sequence[float], usage: list[int] | None = None
+    sched: FastPathScheduler, end_times: Sequence[float], usage: list[int] | None = None
 ) -> tuple[list[int], list[Request]]:
     """Apply ``len(end_times)`` plain decode steps ending at these times (within the
     horizon). Returns the number of blocks in use during each step (``usage``: what
@@ -128,14 +130,14 @@ def advance_decode(
     usage = decode_usage(sched, k) if usage is None else usage[:k]
     kv = sched.kv
     bs = kv.block_size
-    blocks_of = kv.req_to_blocks
     stand_ins = [STAND_IN_TOKEN] * k
     now = end_times[-1]
     finished = []
     running = sched.running
-    for req in running:
+    # (A request's allocation below changes only its own count.)
+    for req, held in zip(running, kv.num_held_blocks(running), strict=True):
         c = req.num_computed_tokens
-        if len(blocks_of[req.request_id]) * bs < c + k and kv.allocate_slots(req, k) is None:
+        if held * bs < c + k and kv.allocate_slots(req, k) is None:
             raise AssertionError("advance_decode went past decode_horizon")
         req.num_computed_tokens = c + k
         if req.first_token_time is None:  # its last prompt token was left for this step

@@ -204,9 +204,10 @@ class PrefixCacheMirror:
         return n * self.block_size
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class PrefixCacheStats:
-    """Counts in tokens over admitted requests (first admissions and resumptions)."""
+    """Counts in tokens over admitted requests (first admissions and resumptions),
+    as the manager recorded them (:meth:`KVCacheManager.record_admission`)."""
 
     queries: int = 0
     hits: int = 0
@@ -219,11 +220,13 @@ class PrefixCacheStats:
 class KVCacheManager:
     """Allocates KV slots for requests, with hash-chained prefix caching.
 
-    The scheduler's interface: :meth:`get_computed_blocks` for a waiting
-    request's prefix hit, :meth:`allocate_slots` before every scheduled step of
-    a request (``None`` means no room: the scheduler's signal to preempt; the
-    full blocks the step will compute become findable at once), and
-    :meth:`free` when a request finishes or is preempted.
+    The scheduler's interface (all of it: ``KVCacheInterface`` in
+    :mod:`testbed.core.scheduler_interface`): :meth:`get_computed_blocks` for a
+    waiting request's prefix hit, :meth:`record_admission` once it is admitted,
+    :meth:`allocate_slots` before every scheduled step of a request (``None``
+    means no room: the scheduler's signal to preempt; the full blocks the step
+    will compute become findable at once), and :meth:`free` when a request
+    finishes or is preempted.
     """
 
     def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = True):
@@ -239,7 +242,8 @@ class KVCacheManager:
         # Requests whose next block's contents are unknown for good (a
         # length-only prompt ends there): nothing more of theirs is cacheable.
         self._chain_closed: set[str] = set()
-        self.stats = PrefixCacheStats()
+        self._num_queried_tokens = 0
+        self._num_hit_tokens = 0
 
     # --- queries ---
     @property
@@ -261,8 +265,24 @@ class KVCacheManager:
         request may hit more of its prefix in the cache and need fewer blocks."""
         return self.pool.num_registered
 
+    @property
+    def stats(self) -> PrefixCacheStats:
+        """Prefix-cache queries and hits so far, in tokens, over admitted requests."""
+        return PrefixCacheStats(self._num_queried_tokens, self._num_hit_tokens)
+
+    def record_admission(self, num_tokens: int, num_hit_tokens: int) -> None:
+        """Count an admitted request's lookup (a first admission or a resumption):
+        ``num_tokens`` asked for, ``num_hit_tokens`` of them found in the cache."""
+        self._num_queried_tokens += num_tokens
+        self._num_hit_tokens += num_hit_tokens
+
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
+
+    def num_held_blocks(self, requests: Sequence[Request]) -> list[int]:
+        """How many blocks each of ``requests`` holds (each must hold some)."""
+        blocks_of = self.req_to_blocks
+        return [len(blocks_of[r.request_id]) for r in requests]
 
     def blocks_needed(self, num_tokens: int) -> int:
         return cdiv(num_tokens, self.block_size)
@@ -288,7 +308,8 @@ class KVCacheManager:
         """Cached blocks holding a prefix of the request, and how many tokens they cover.
 
         Read-only: the blocks are referenced only by :meth:`allocate_slots`, and
-        the caller records the query in :attr:`stats` if it admits the request.
+        the caller records the query (:meth:`record_admission`) if it admits the
+        request.
         """
         if not self.enable_prefix_caching:
             return [], 0

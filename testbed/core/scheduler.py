@@ -14,7 +14,7 @@ from __future__ import annotations
 from array import array
 
 from testbed.core.config import SchedulerConfig
-from testbed.core.kv_cache import KVCacheManager
+from testbed.core.kv_cache import KVCacheManager, PrefixCacheStats
 from testbed.core.kv_connector import KVConnector
 from testbed.core.outputs import ExecutorOutput, SchedulerOutput
 from testbed.core.policy import Decision, Policy, overrides
@@ -26,7 +26,12 @@ RUNNING = RequestStatus.RUNNING
 
 
 class Scheduler:
-    """Chooses each step's batch; owns the waiting and running requests."""
+    """Chooses each step's batch; owns the waiting and running requests.
+
+    Callers use only its declared surface (``SchedulerInterface``, and for the
+    simulator's fast path ``FastPathScheduler``, in
+    :mod:`testbed.core.scheduler_interface`); a test enforces it.
+    """
 
     def __init__(
         self,
@@ -73,6 +78,16 @@ class Scheduler:
         """Requests finished (aborted, rejected) since the last update, which the
         next one reports."""
         return bool(self._newly_finished)
+
+    @property
+    def num_loading(self) -> int:
+        """Requests waiting for KV from another instance."""
+        return len(self.loading)
+
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        """The KV-cache manager's prefix-cache queries and hits (in tokens)."""
+        return self.kv.stats
 
     # --- the read-only view a policy gets ---
     @property
@@ -361,8 +376,7 @@ class Scheduler:
         if kv.allocate_slots(req, n, hits, cfg.num_lookahead_tokens, cfg.reserve_full_isl) is None:
             return None
         if lookup:
-            kv.stats.queries += req.num_tokens
-            kv.stats.hits += num_hit
+            kv.record_admission(req.num_tokens, num_hit)
         if req.num_cached_tokens < 0:
             req.num_cached_tokens = num_hit
         if req.first_scheduled_time is None:

@@ -295,8 +295,8 @@ def worker_main(
                 index,
                 dict(
                     tokens_computed=executor.num_computed_tokens,
-                    prefix_hits=sched.kv.stats.hits,
-                    prefix_queries=sched.kv.stats.queries,
+                    prefix_hits=sched.prefix_cache_stats.hits,
+                    prefix_queries=sched.prefix_cache_stats.queries,
                     num_kv_blocks=sched.kv.num_blocks,
                     # Blocks still allocated at the stop (every request has ended):
                     # a leak, or KV kept for a transfer that never came.

@@ -122,8 +122,8 @@ def simulate(
             **common,
         )
     result = sim.run()
-    hits = sum(e.scheduler.kv.stats.hits for e in engines)
-    queries = sum(e.scheduler.kv.stats.queries for e in engines)
+    hits = sum(e.scheduler.prefix_cache_stats.hits for e in engines)
+    queries = sum(e.scheduler.prefix_cache_stats.queries for e in engines)
     extra = {
         "latency_model": latency.kind,
         "latency_model_source": latency.source,
