@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, OmegaConf
 
 from policies import policy_class
-from policies.deciders import Decider, make_decider
-from policies.routers import Router, make_router
+from policies.deciders import make_decider
+from policies.routers import make_router
 from testbed.config_schema import vllm_fields
 from testbed.core import SchedulerConfig
 from testbed.core.kv_faults import KVFaults
+from testbed.core.routing import Decider, Router
 from testbed.engine.args import EngineArgs
 from testbed.engine.model_config import ModelConfig
 from testbed.engine.spec_config import SpeculativeConfig, resolve_draft
