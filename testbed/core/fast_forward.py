@@ -85,7 +85,8 @@ def decode_horizon(sched: FastPathScheduler, max_steps: int) -> int:
     bs, free = kv.block_size, kv.num_free_blocks
     if len(running) * (horizon // bs + 1) <= free:
         return horizon  # even a new block each per block_size steps fits
-    have = kv.num_held_blocks(running)
+    blocks_of = kv.block_tables
+    have = [len(blocks_of[r.request_id]) for r in running]
     if _new_blocks(running, have, bs, horizon) <= free:
         return horizon
     lo, hi = 0, horizon  # the largest k whose blocks fit: lo fits, hi does not
@@ -105,10 +106,10 @@ def decode_usage(sched: FastPathScheduler, k: int) -> list[int]:
     bs = kv.block_size
     used = kv.num_blocks - kv.num_free_blocks
     grow = [0] * (k + 1)
-    running = sched.running
-    for req, held in zip(running, kv.num_held_blocks(running), strict=True):
+    blocks_of = kv.block_tables
+    for req in sched.running:
         # Step j computes the token at position c + j - 1, so needs c + j slots.
-        j = held * bs - req.num_computed_tokens + 1
+        j = len(blocks_of[req.request_id]) * bs - req.num_computed_tokens + 1
         while j <= k:
             grow[j] += 1
             j += bs
@@ -130,14 +131,14 @@ def advance_decode(
     usage = decode_usage(sched, k) if usage is None else usage[:k]
     kv = sched.kv
     bs = kv.block_size
+    blocks_of = kv.block_tables
     stand_ins = [STAND_IN_TOKEN] * k
     now = end_times[-1]
     finished = []
     running = sched.running
-    # (A request's allocation below changes only its own count.)
-    for req, held in zip(running, kv.num_held_blocks(running), strict=True):
+    for req in running:
         c = req.num_computed_tokens
-        if held * bs < c + k and kv.allocate_slots(req, k) is None:
+        if len(blocks_of[req.request_id]) * bs < c + k and kv.allocate_slots(req, k) is None:
             raise AssertionError("advance_decode went past decode_horizon")
         req.num_computed_tokens = c + k
         if req.first_token_time is None:  # its last prompt token was left for this step

@@ -25,7 +25,7 @@ evicted least-recently-used, lazily, only when a block is reallocated.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 from testbed.core.request import Request
@@ -279,10 +279,10 @@ class KVCacheManager:
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
 
-    def num_held_blocks(self, requests: Sequence[Request]) -> list[int]:
-        """How many blocks each of ``requests`` holds (each must hold some)."""
-        blocks_of = self.req_to_blocks
-        return [len(blocks_of[r.request_id]) for r in requests]
+    @property
+    def block_tables(self) -> Mapping[str, Sequence[KVCacheBlock]]:
+        """Each request's blocks, by request id; read-only (the fast path counts them)."""
+        return self.req_to_blocks
 
     def blocks_needed(self, num_tokens: int) -> int:
         return cdiv(num_tokens, self.block_size)

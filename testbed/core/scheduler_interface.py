@@ -8,10 +8,13 @@
   steps in the scheduler's stead;
 * :class:`KVCacheInterface`: what the scheduler and the fast path use of the
   KV-cache manager. Its blocks are opaque handles: the scheduler passes the
-  prefix hits it is given back to :meth:`KVCacheInterface.allocate_slots`.
+  prefix hits it is given back to :meth:`KVCacheInterface.allocate_slots`,
+  and the fast path only counts a request's blocks.
 
-A test scans the engine core, the fast path, the cluster core and the
-simulator for any other scheduler or manager attribute they read.
+``tests/core/test_scheduler_interface.py`` scans the engine core, the fast
+path, both cluster cores, the simulator and the simulation mode for any other
+scheduler or manager attribute they read, and the scheduler for any other
+attribute of the manager.
 """
 
 from __future__ import annotations
@@ -59,8 +62,9 @@ class KVCacheInterface(Protocol):
 
     def blocks_needed(self, num_tokens: int) -> int: ...
 
-    def num_held_blocks(self, requests: Sequence[Request]) -> list[int]:
-        """How many blocks each request holds."""
+    @property
+    def block_tables(self) -> Mapping[str, Sequence[KVCacheBlock]]:
+        """Each request's blocks, by request id (read-only)."""
         ...
 
     def get_block_ids(self, request_id: str) -> list[int]: ...
