@@ -173,7 +173,7 @@ class BlockPool:
 
 class PrefixCacheMirror:
     """What another process knows of a prefix cache from its events
-    (:attr:`BlockPool.events`): the chain hashes findable there, and so how much
+    (:meth:`KVCacheManager.take_events`): the chain hashes findable there, and so how much
     of a request's prompt it holds, as :meth:`KVCacheManager.get_computed_blocks`
     counts it (up to a collision of 64-bit hashes)."""
 
@@ -448,3 +448,23 @@ class KVCacheManager:
     def reset_prefix_cache(self) -> None:
         """Forget all cached contents of free blocks (e.g. between experiments)."""
         self.pool.forget_free_cached()
+
+    # --- KV events (vLLM's ``kv_events``): what another process mirrors ---
+    def record_events(self) -> None:
+        """From now on, record every key the prefix cache makes findable or drops."""
+        if self.pool.events is None:
+            self.pool.events = []
+
+    def take_events(self) -> list[tuple[bool, int]]:
+        """The recorded events since the last call ((made findable, chain hash), in
+        order; :class:`PrefixCacheMirror` applies them), and forget them."""
+        events = self.pool.events
+        if not events:
+            return []
+        self.pool.events = []
+        return events
+
+    @property
+    def has_events(self) -> bool:
+        """Whether events are recorded and not yet taken."""
+        return bool(self.pool.events)

@@ -6,6 +6,8 @@
 * :class:`FastPathScheduler`: what the simulator's fast path (``fast_forward``
   and the simulator's replicas) uses besides, since it applies plain decode
   steps in the scheduler's stead;
+* :class:`EngineProcessScheduler`: what a real engine process's loop and its
+  KV connector's data side use besides: the legs whose KV it keeps;
 * :class:`KVCacheInterface`: what the scheduler and the fast path use of the
   KV-cache manager. Its blocks are opaque handles: the scheduler passes the
   prefix hits it is given back to :meth:`KVCacheInterface.allocate_slots`,
@@ -90,6 +92,13 @@ class KVCacheInterface(Protocol):
     def free(self, request: Request) -> None: ...
 
     def reset_prefix_cache(self) -> None: ...
+
+    def record_events(self) -> None: ...
+
+    def take_events(self) -> list[tuple[bool, int]]: ...
+
+    @property
+    def has_events(self) -> bool: ...
 
 
 class SchedulerInterface(SchedulerView, Protocol):
@@ -182,3 +191,12 @@ class FastPathScheduler(SchedulerInterface, Protocol):
     def advance_step_ids(self, num_steps: int) -> None:
         """Count steps applied outside ``schedule``."""
         ...
+
+
+class EngineProcessScheduler(FastPathScheduler, Protocol):
+    """What an engine process (``testbed/engine/worker.py``) uses besides: whether
+    anything is runnable (``running``, ``waiting``, ``ready``, ``loading``) and
+    the prefill legs whose KV it keeps until sent (its connector's data side)."""
+
+    @property
+    def sending(self) -> Sized: ...

@@ -211,23 +211,14 @@ def step_message(index: int, res, sched) -> tuple:
     """What a worker tells the parent after a step: the step log's row, its KV
     usage now (the step's finished requests freed: what a router reads), and the
     keys its prefix cache made findable or dropped since the last message (when
-    the cluster asks for them: ``sched.kv.pool.events`` is a list)."""
-    return ("step", index, step_row(res), sched.kv.usage, _take_events(sched))
+    the cluster asks for them: ``kv.record_events``)."""
+    return ("step", index, step_row(res), sched.kv_usage, sched.kv.take_events())
 
 
 def kv_message(index: int, sched) -> tuple:
     """What a worker tells the parent when its KV cache changed between steps (a
     transfer ended: blocks freed or filled): its usage and cache changes."""
-    return ("kv", index, sched.kv.usage, _take_events(sched))
-
-
-def _take_events(sched) -> list | tuple:
-    pool = sched.kv.pool
-    events = pool.events
-    if not events:
-        return ()
-    pool.events = []
-    return events
+    return ("kv", index, sched.kv_usage, sched.kv.take_events())
 
 
 def worker_main(
@@ -249,7 +240,7 @@ def worker_main(
 
         engine, executor, _ = build_engine(args, model=model)
         if kv_events:
-            engine.scheduler.kv.pool.events = []
+            engine.scheduler.kv.record_events()
         transport = None
         if dist_init is not None:
             import torch.distributed as dist
@@ -276,9 +267,9 @@ def worker_main(
                     transport.finish_sends(STOP_DRAIN_S)
                 break
             if transport is not None:
-                usage = sched.kv.usage
+                usage = sched.kv_usage
                 transport.poll()
-                if sched.kv.usage != usage or sched.kv.pool.events:
+                if sched.kv_usage != usage or sched.kv.has_events:
                     outbox.send(kv_message(index, sched))
             if not (sched.running or sched.waiting or sched.ready):
                 continue  # nothing to run: the next message or transfer

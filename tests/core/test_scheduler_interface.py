@@ -15,13 +15,14 @@ from testbed.core.kv_cache import KVCacheManager
 from testbed.core.policy import Policy
 from testbed.core.scheduler import Scheduler
 from testbed.core.scheduler_interface import (
+    EngineProcessScheduler,
     FastPathScheduler,
     KVCacheInterface,
     SchedulerInterface,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-SCHEDULER_TYPES = {"Scheduler", "SchedulerInterface", "FastPathScheduler"}
+SCHEDULER_TYPES = {"Scheduler", "SchedulerInterface", "FastPathScheduler", "EngineProcessScheduler"}
 
 # Each caller, and the surface it may use of the scheduler.
 CALLERS = {
@@ -33,6 +34,7 @@ CALLERS = {
     "testbed/engine/cluster.py": SchedulerInterface,
     "testbed/engine/llm.py": SchedulerInterface,
     "testbed/modes/sim.py": SchedulerInterface,
+    "testbed/engine/worker.py": EngineProcessScheduler,
 }
 
 

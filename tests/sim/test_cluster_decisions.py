@@ -79,7 +79,7 @@ def real_transport(cls):
             """Make the replica report as a worker does: after each step, and when a
             transfer changes its KV cache between steps."""
             engine, sched, i = rep.engine, rep.engine.scheduler, rep.index
-            sched.kv.pool.events = []
+            sched.kv.record_events()
             step, update = engine.step, sched.update_connector_output
 
             def stepped():
