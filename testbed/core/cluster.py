@@ -39,7 +39,7 @@ class ReplicaProbe(Protocol):
     def prefix_hit_tokens(self, request: Request) -> int: ...
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class Deliver:
     """Send ``request`` to ``replica`` (a whole request, a prefill leg, or a
     disaggregated request whose KV the replica loads)."""
@@ -48,14 +48,14 @@ class Deliver:
     request: Request
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class Finish:
     """``request`` has ended for its user (served, rejected or aborted)."""
 
     request: Request
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class Release:
     """``replica`` frees the blocks it keeps for leg ``leg_id`` (its KV is not wanted)."""
 
@@ -63,7 +63,7 @@ class Release:
     leg_id: str
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class PeerLost:
     """``replica`` gives up on KV loads from ``lost``, which is gone."""
 
@@ -133,6 +133,7 @@ class ClusterCore:
             raise ValueError("a disaggregated cluster needs a pairing router")
         self.slots = [ReplicaSlot(i, p) for i, p in enumerate(probes)]
         self.router, self.num_prefill = router, num_prefill
+        self.disaggregated = num_prefill > 0
         self.decider, self.pairing = decider, pairing
         self.legs: dict[str, Request] = {}  # prefill leg id -> its request
         self.paired: dict[str, int] = {}  # request id -> decode replica chosen at arrival
@@ -160,10 +161,6 @@ class ClusterCore:
                 slot.index = k
 
     # --- reading ---
-    @property
-    def disaggregated(self) -> bool:
-        return self.num_prefill > 0
-
     @property
     def idle(self) -> bool:
         """No prefill leg is out: nothing will be delivered but arrivals."""
@@ -210,9 +207,13 @@ class ClusterCore:
     # --- events ---
     def arrive(self, request: Request, now: float) -> list[Action]:
         """A request arrives: where it goes."""
-        if not self.num_prefill:
-            return [self._send(self._choose(request, self.decode_pool, self.router, now), request)]
-        return self._dispatch(request, now)
+        if self.num_prefill:
+            return self._dispatch(request, now)
+        pool = self.decode_pool
+        slot = pool[self.router.route(request, pool, now)]
+        if self.decisions is not None:
+            self.decisions.append(("route", request.request_id, slot.replica))
+        return [self._send(slot, request)]
 
     def finish(self, replica: int, requests: Sequence[Request], now: float) -> list[Action]:
         """``requests`` came back from ``replica`` (finished there, or refused):
@@ -225,6 +226,8 @@ class ClusterCore:
                 slot.num_outstanding -= 1
                 slot.num_outstanding_tokens -= req.num_prompt_tokens
                 back.append(req)
+        if not self.legs:
+            return [Finish(req) for req in back]
         actions: list[Action] = []
         for req in back:
             original = self.legs.pop(req.request_id, None)
@@ -287,7 +290,9 @@ class ClusterCore:
 
     def _choose(self, request: Request, pool: list[ReplicaSlot], router: Router, now: float):
         slot = pool[router.route(request, pool, now)]
-        self._record("route" if router is self.router else "pair", request.request_id, slot.replica)
+        if self.decisions is not None:
+            kind = "route" if router is self.router else "pair"
+            self.decisions.append((kind, request.request_id, slot.replica))
         return slot
 
     def _send(self, slot: ReplicaSlot, request: Request) -> Deliver:

@@ -60,10 +60,14 @@ class BlockPool:
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
-        self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
+        self._num_blocks = num_blocks
         # Free blocks without findable contents, used as a stack (any is as good
-        # as another; a stack hands them out in slices).
-        self.free_uncached: list[KVCacheBlock] = self.blocks[::-1]
+        # as another; a stack hands them out in slices). Its bottom is the blocks
+        # never handed out, ``_fresh`` and up (the lowest on top), made only when
+        # first taken: a large cache costs nothing until it is used.
+        self.free_uncached: list[KVCacheBlock] = []
+        self._fresh = 0
+        self._made: list[KVCacheBlock] = []  # every block made so far, by id
         # Free blocks whose contents are still findable, oldest-freed first.
         self.free_cached: OrderedDict[int, KVCacheBlock] = OrderedDict()
         # The block a lookup gets for each key: the earliest registered of its blocks.
@@ -78,19 +82,49 @@ class BlockPool:
 
     @property
     def num_blocks(self) -> int:
-        return len(self.blocks)
+        return self._num_blocks
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self.free_uncached) + len(self.free_cached)
+        return len(self.free_uncached) + self._num_blocks - self._fresh + len(self.free_cached)
+
+    @property
+    def blocks(self) -> list[KVCacheBlock]:
+        """Every block, by id (made now if never taken yet; for inspection)."""
+        self._make(self._num_blocks)
+        return self._made
+
+    @property
+    def never_used(self) -> range:
+        """The ids of the free blocks never handed out (below the free stack)."""
+        return range(self._fresh, self._num_blocks)
+
+    def _make(self, end: int) -> None:
+        made = self._made
+        made.extend(KVCacheBlock(i) for i in range(len(made), end))
 
     def allocate(self, n: int) -> list[KVCacheBlock]:
         """Take ``n`` free blocks (the caller has checked there are enough):
         blocks without cached contents first, then the least recently freed."""
         free = self.free_uncached
-        take = min(n, len(free))
-        out = free[len(free) - take :]
-        del free[len(free) - take :]
+        k = len(free)
+        if n <= k:
+            out = free[k - n :]
+            del free[k - n :]
+            take = n
+        else:
+            out, take = free[:], k
+            free.clear()
+            start = self._fresh
+            end = start + n - k
+            if end > self._num_blocks:
+                end = self._num_blocks
+            if end > start:  # below the stack's released blocks: before them in the slice
+                self._fresh = end
+                if len(self._made) < end:
+                    self._make(end)
+                out = self._made[end - 1 : start - 1 if start else None : -1] + out
+                take += end - start
         for _ in range(n - take):
             _, block = self.free_cached.popitem(last=False)
             self.evict(block)
@@ -357,7 +391,7 @@ class KVCacheManager:
         num_computed = computed + num_hit * bs
         held = len(blocks) + num_hit
         pool = self.pool
-        num_free = len(pool.free_uncached) + len(pool.free_cached)
+        num_free = len(pool.free_uncached) + pool._num_blocks - pool._fresh + len(pool.free_cached)
         if new_computed_blocks:
             # Hit blocks that sit in the free pool leave it when referenced.
             num_free -= sum(1 for b in new_computed_blocks if b.ref_cnt == 0)

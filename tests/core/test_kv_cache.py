@@ -227,3 +227,30 @@ def test_double_free_of_a_block_is_caught():
     kv.free(a)
     with pytest.raises(AssertionError, match="freed twice"):
         kv.pool.release([block])
+
+
+def test_blocks_made_on_first_use_are_handed_out_as_a_full_free_stack_would():
+    """The pool makes its blocks when first taken, in the order a stack of every
+    block (lowest id on top) would hand them out, released blocks first."""
+    import random
+
+    from testbed.core.kv_cache import BlockPool
+
+    rng = random.Random(3)
+    pool = BlockPool(64)
+    stack = list(range(64))[::-1]  # the eager pool's free stack, by id
+    held = []
+    for _ in range(400):
+        if held and (rng.random() < 0.45 or len(stack) < 8):
+            blocks = held.pop(rng.randrange(len(held)))
+            pool.release(blocks)
+            stack += [b.block_id for b in blocks]
+        else:
+            n = rng.randint(1, 8)
+            got = pool.allocate(n)
+            want = stack[len(stack) - n :]
+            del stack[len(stack) - n :]
+            assert [b.block_id for b in got] == want
+            held.append(got)
+        assert pool.num_free_blocks == len(stack)
+    assert [b.block_id for b in pool.blocks] == list(range(64))

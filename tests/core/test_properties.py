@@ -31,7 +31,8 @@ def check_invariants(sched, so) -> None:
     for block in kv.pool.blocks:
         assert block.ref_cnt == holders.get(block.block_id, 0), block
     # The free pool holds each unreferenced block exactly once, and nothing else.
-    free = [b.block_id for b in kv.pool.free_uncached] + list(kv.pool.free_cached)
+    free = [b.block_id for b in kv.pool.free_uncached] + list(kv.pool.never_used)
+    free += list(kv.pool.free_cached)
     assert len(free) == len(set(free))
     assert set(free) == {b.block_id for b in kv.pool.blocks if b.ref_cnt == 0}
     assert all(b.cache_key is None for b in kv.pool.free_uncached)
