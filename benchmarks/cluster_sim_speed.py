@@ -55,6 +55,14 @@ def child(overrides: list[str]) -> None:
     print(json.dumps(dict(requests=len(requests), finished=done, wall_s=wall, peak_bytes=peak)))
 
 
+def baseline_sha(root: Path) -> str | None:
+    """The commit a baseline checkout is at (its path is this machine's own)."""
+    done = subprocess.run(
+        ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True
+    )
+    return done.stdout.strip() or None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
@@ -116,7 +124,7 @@ def main() -> None:
         rows,
         repeats=a.repeats,
         trace="azure_conv",
-        baseline=str(a.baseline) if a.baseline is not None else None,
+        baseline_git_sha=baseline_sha(a.baseline) if a.baseline is not None else None,
     )
 
 

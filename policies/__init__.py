@@ -24,18 +24,29 @@ REGISTRY: dict[str, str] = {
 }
 
 
-def policy_class(path: str) -> type[Policy]:
-    """The policy class at ``module:Class`` (or ``module.Class``)."""
+def import_class(path: str, base: type, what: str) -> type:
+    """The class at ``module:Class`` (or ``module.Class``), a subclass of ``base``
+    (``what`` names the kind in errors)."""
     module, sep, attr = path.partition(":")
     if not sep:
         module, _, attr = path.rpartition(".")
     try:
         cls = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError, ValueError) as e:
-        raise ValueError(f"cannot import policy class {path!r}: {e}") from e
-    if not (isinstance(cls, type) and issubclass(cls, Policy)):
-        raise TypeError(f"{path!r} is not a subclass of testbed.core.Policy")
+        raise ValueError(f"cannot import {what} class {path!r}: {e}") from e
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise TypeError(f"{path!r} is not a subclass of testbed.core.{base.__name__}")
     return cls
+
+
+def is_class_path(name: str) -> bool:
+    """Whether ``name`` is a dotted path to a class rather than a bundled name."""
+    return "." in name or ":" in name
+
+
+def policy_class(path: str) -> type[Policy]:
+    """The policy class at ``module:Class`` (or ``module.Class``)."""
+    return import_class(path, Policy, "policy")
 
 
 def make_policy(spec: str | Mapping[str, Any] | Policy, **kwargs: Any) -> Policy:

@@ -6,6 +6,7 @@ it itself (BLIS's deciders; llm-d's selective P/D). The interface,
 
 from __future__ import annotations
 
+from policies import import_class, is_class_path
 from testbed.core.request import Request
 from testbed.core.routing import Decider
 
@@ -44,6 +45,10 @@ DECIDERS = {cls.name: cls for cls in (Always, Never, UncachedPrompt)}
 
 
 def make_decider(name: str, **kwargs) -> Decider:
+    """A bundled decider by name, or your own by its class's path (``mypkg.mod:MyDecider``,
+    a subclass of :class:`testbed.core.Decider`)."""
+    if is_class_path(name):
+        return import_class(name, Decider, "decider")(**kwargs)
     if name not in DECIDERS:
         raise ValueError(f"unknown decider {name!r}; known: {', '.join(sorted(DECIDERS))}")
     return DECIDERS[name](**kwargs)

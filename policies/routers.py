@@ -20,6 +20,7 @@ import struct
 import zlib
 from collections.abc import Sequence
 
+from policies import import_class, is_class_path
 from testbed.core.request import Request
 from testbed.core.routing import ReplicaView, Router
 
@@ -202,6 +203,10 @@ ROUTERS = {
 
 
 def make_router(name: str, **kwargs) -> Router:
+    """A bundled router by name, or your own by its class's path (``mypkg.mod:MyRouter``,
+    a subclass of :class:`testbed.core.Router`)."""
+    if is_class_path(name):
+        return import_class(name, Router, "router")(**kwargs)
     if name not in ROUTERS:
         raise ValueError(f"unknown router {name!r}; known: {', '.join(sorted(ROUTERS))}")
     return ROUTERS[name](**kwargs)

@@ -22,7 +22,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import II, MISSING, DictConfig, OmegaConf
 
-from policies import REGISTRY, policy_class
+from policies import REGISTRY, is_class_path, policy_class
 from policies.deciders import DECIDERS
 from policies.routers import ROUTERS
 from testbed.core.kv_faults import FAULT_KINDS
@@ -343,14 +343,23 @@ RANGES: dict[tuple[str, str], tuple[Any, str]] = {
         "auto, triton, cpu or torch",
     ),
     ("cluster", "num_replicas"): (_at_least(1), "an integer >= 1"),
-    ("cluster", "router"): (lambda x: x in ROUTERS, f"one of {', '.join(sorted(ROUTERS))}"),
-    ("cluster", "pairing"): (lambda x: x in ROUTERS, f"one of {', '.join(sorted(ROUTERS))}"),
+    ("cluster", "router"): (
+        lambda x: x in ROUTERS or is_class_path(x),
+        f"one of {', '.join(sorted(ROUTERS))} or a module:Class path",
+    ),
+    ("cluster", "pairing"): (
+        lambda x: x in ROUTERS or is_class_path(x),
+        f"one of {', '.join(sorted(ROUTERS))} or a module:Class path",
+    ),
     ("cluster", "num_prefill"): (_at_least(0), "an integer >= 0"),
     ("cluster", "num_decode"): (_at_least(0), "an integer >= 0"),
     ("cluster", "link"): (lambda x: x in LINK_PRESETS, f"one of {', '.join(sorted(LINK_PRESETS))}"),
     ("cluster", "link_latency_s"): (lambda x: x is None or x >= 0, "null or >= 0"),
     ("cluster", "link_bandwidth_bytes_s"): (_positive, "null or > 0"),
-    ("cluster", "decider"): (lambda x: x in DECIDERS, f"one of {', '.join(sorted(DECIDERS))}"),
+    ("cluster", "decider"): (
+        lambda x: x in DECIDERS or is_class_path(x),
+        f"one of {', '.join(sorted(DECIDERS))} or a module:Class path",
+    ),
     ("cluster", "kv_transfer_timeout_s"): (_positive, "> 0"),
     ("cluster", "kv_backend"): (lambda x: x in ("auto", "gloo", "nccl"), "auto, gloo or nccl"),
     ("cluster", "kv_fault"): (lambda x: x in FAULT_KINDS, f"one of {', '.join(FAULT_KINDS)}"),

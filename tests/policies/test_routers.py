@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from policies.routers import ROUTERS, PrefixAffinity, make_router, prefix_key
-from testbed.core import Request
+from testbed.core import Request, Router
 
 
 @dataclass
@@ -114,3 +114,28 @@ def test_a_disaggregated_simulation_takes_its_pairing_from_the_config(tmp_path):
     )  # fmt: skip
     steps = pd.read_csv(tmp_path / "run" / "steps.csv")
     assert m["num_finished"] == 40 and set(steps.replica) == {0, 1, 2}
+
+
+class LastReplica(Router):
+    """A researcher's own router: always the last replica of the pool."""
+
+    name = "last_replica"
+
+    def choose(self, request, replicas, now):
+        return len(replicas) - 1
+
+
+def test_a_router_of_ones_own_runs_by_its_class_path(tmp_path):
+    import pandas as pd
+
+    from testbed.errors import InputError
+    from tests.sim.helpers import run
+
+    m = run(tmp_path, "cluster=replicas4", f"cluster.router={__name__}:LastReplica",
+            "trace.num_requests=30")  # fmt: skip
+    assert m["num_finished"] == 30
+    steps = pd.read_csv(tmp_path / "run" / "steps.csv")
+    assert set(steps.replica) == {3}
+    with pytest.raises(InputError, match=r"cluster.router=policies.deciders:Always .*Router"):
+        run(tmp_path, "cluster=replicas4", "cluster.router=policies.deciders:Always",
+            name="wrong")  # fmt: skip
