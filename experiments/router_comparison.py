@@ -40,7 +40,7 @@ from policies.routers import ROUTERS
 from testbed.build import load_requests, model_spec
 from testbed.config_schema import compose_config
 from testbed.core import Request
-from testbed.core.kv_cache import ROOT_HASH
+from testbed.core.kv_cache import block_hashes
 from testbed.job import run_from_config
 
 METRICS = (
@@ -63,16 +63,9 @@ def lru_hit_rate(requests: Sequence[Request], block_size: int, capacity: float) 
     cache: OrderedDict[int, None] = OrderedDict()
     hits = queries = 0
     for req in requests:
-        parent, chain, hit = ROOT_HASH, [], None
-        for i in range((req.num_prompt_tokens - 1) // block_size):
-            content = req.block_content(i, block_size)
-            if content is None:
-                break
-            parent = hash((parent, content))
-            if hit is None and parent not in cache:
-                hit = len(chain)
-            chain.append(parent)
-        hits += (len(chain) if hit is None else hit) * block_size
+        chain = list(block_hashes(req, block_size))
+        hit = next((i for i, h in enumerate(chain) if h not in cache), len(chain))
+        hits += hit * block_size
         queries += req.num_prompt_tokens
         for key in chain:
             cache[key] = None

@@ -104,6 +104,25 @@ class ReplicaSlot:
         return self.probe.prefix_hit_tokens(request)
 
 
+def caches_read(
+    num_replicas: int,
+    router: Router,
+    num_prefill: int = 0,
+    decider: Decider | None = None,
+    pairing: Router | None = None,
+) -> list[bool]:
+    """Per replica, whether a decision reads its prefix cache: the router's of its
+    pool (prefill replicas, or every replica without disaggregation), and for a
+    decode replica the pairing's or the decider's. Such a replica must be stepped
+    in the simulator and report its cache in the real cluster."""
+    if not num_prefill:
+        return [router.reads_cache] * num_replicas
+    decode = (decider is not None and decider.reads_cache) or (
+        pairing is not None and pairing.reads_cache
+    )
+    return [router.reads_cache if i < num_prefill else decode for i in range(num_replicas)]
+
+
 class ClusterCore:
     """Routing, disaggregation and recovery for ``len(probes)`` replicas.
 
@@ -142,14 +161,12 @@ class ClusterCore:
         self.prefill_pool: list[ReplicaSlot] = []
         self.decode_pool: list[ReplicaSlot] = []  # every replica, without disaggregation
         self._rebuild_pools()
-        reads = (
-            router.reads_cache
-            if not num_prefill
-            else (decider is not None and decider.reads_cache) or pairing.reads_cache
-        )
-        # Whether a delivery may cut the replica's jumps (see next_event_time).
+        reads = caches_read(n, router, num_prefill, decider, pairing)
+        # Whether a delivery may cut the replica's jumps (see next_event_time): a
+        # decode replica or a colocated one (prefill replicas never jump) whose
+        # cache no decision reads.
         self._cuttable = [
-            n > 1 and not reads and (not num_prefill or i >= num_prefill) for i in range(n)
+            n > 1 and not reads[i] and (not num_prefill or i >= num_prefill) for i in range(n)
         ]
 
     def _rebuild_pools(self) -> None:

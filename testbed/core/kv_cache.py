@@ -25,7 +25,7 @@ evicted least-recently-used, lazily, only when a block is reallocated.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from testbed.core.request import Request
@@ -205,6 +205,19 @@ class BlockPool:
         self.free_cached.clear()
 
 
+def block_hashes(request: Request, block_size: int) -> Iterator[int]:
+    """The chain hashes of ``request``'s leading full blocks that a prefix cache can
+    hold (never the block of its last token, as :meth:`KVCacheManager
+    .get_computed_blocks` counts), up to the first whose contents are unknown."""
+    parent = ROOT_HASH
+    for i in range((request.num_tokens - 1) // block_size):
+        content = request.block_content(i, block_size)
+        if content is None:
+            return
+        parent = hash((parent, content))
+        yield parent
+
+
 class PrefixCacheMirror:
     """What another process knows of a prefix cache from its events
     (:meth:`KVCacheManager.take_events`): the chain hashes findable there, and so how much
@@ -225,16 +238,11 @@ class PrefixCacheMirror:
     def prefix_hit_tokens(self, request: Request) -> int:
         if not self.enabled:
             return 0
-        max_blocks = (request.num_tokens - 1) // self.block_size
-        parent, n = ROOT_HASH, 0
-        for i in range(max_blocks):
-            c = request.block_content(i, self.block_size)
-            if c is None:
-                break
-            h = hash((parent, c))
+        n = 0
+        for h in block_hashes(request, self.block_size):
             if h not in self.hashes:
                 break
-            n, parent = n + 1, h
+            n += 1
         return n * self.block_size
 
 

@@ -31,7 +31,7 @@ import torch.multiprocessing as mp
 
 from policies.routers import LeastKVUsage
 from testbed.core import Request, WallClock
-from testbed.core.cluster import ClusterCore, Deliver, Finish, PeerLost, Release
+from testbed.core.cluster import ClusterCore, Deliver, Finish, PeerLost, Release, caches_read
 from testbed.core.kv_cache import PrefixCacheMirror
 from testbed.core.kv_faults import KVFaults
 from testbed.engine.args import EngineArgs
@@ -126,10 +126,8 @@ def replay_cluster(
     ``kv_timeout_s`` failed; ``kv_backend``: the torch.distributed backend,
     ``auto``: gloo on a CPU, nccl on GPUs)."""
     ctx = mp.get_context("spawn")
-    pairing = pairing or LeastKVUsage()
-    reads_cache = router.reads_cache or (
-        num_prefill > 0 and (pairing.reads_cache or (decider is not None and decider.reads_cache))
-    )
+    pairing = (pairing or LeastKVUsage()) if num_prefill else None
+    reads_cache = caches_read(num_replicas, router, num_prefill, decider, pairing)
     dist_init = None
     if num_prefill:
         backend = kv_group_backend(args, num_replicas, kv_backend)
@@ -147,15 +145,15 @@ def replay_cluster(
             own = replace(own, kv_transfer_config=kv_cfg)
         proc = ctx.Process(
             target=worker_main,
-            args=(i, own, inbox, writer, model, dist_init, reads_cache),
+            args=(i, own, inbox, writer, model, dist_init, reads_cache[i]),
             name=f"engine-{i}",
             daemon=True,
         )
         proc.start()
         writer.close()  # the worker's end: a dead worker's pipe reads as closed
         mirror = PrefixCacheMirror(args.block_size, args.enable_prefix_caching)
-        replicas.append(ReplicaState(i, proc, inbox, reader, mirror if reads_cache else None))
-    core = ClusterCore(replicas, router, num_prefill, decider, pairing if num_prefill else None)
+        replicas.append(ReplicaState(i, proc, inbox, reader, mirror if reads_cache[i] else None))
+    core = ClusterCore(replicas, router, num_prefill, decider, pairing)
     clock = WallClock()
     parent = Parent(core, replicas, clock, on_progress)
     outbox = Outboxes(replicas)

@@ -33,7 +33,6 @@ from collections.abc import Callable
 
 import numpy as np
 
-from policies.deciders import Always
 from policies.routers import LeastKVUsage
 from testbed.core import EngineCore
 from testbed.core.cluster import ClusterCore
@@ -69,7 +68,7 @@ class DisaggSimulation(Simulation):
                 f"need a prefill and a decode replica, got {num_prefill}P{num_decode}D"
             )
         self.num_prefill = num_prefill
-        self.decider = decider or Always()
+        self.decider = decider  # None: every request disaggregated (the core's default)
         self.pairing = pairing or LeastKVUsage()
         super().__init__(
             requests, make_engine, latency_model, num_prefill + num_decode, router, **kwargs
@@ -80,9 +79,9 @@ class DisaggSimulation(Simulation):
             link,
             kv_bytes_per_token,
             lambda i, rid: self.replicas[i].engine.scheduler.requests[rid],
+            lambda src, leg: self.apply(self.core.transfer_failed(src, leg)),
             faults,
             timeout_s,
-            release=lambda src, leg: self.apply(self.core.transfer_failed(src, leg)),
         )
         for i, rep in enumerate(self.replicas):
             rep.engine.executor.kv_transfers = lambda meta, i=i: self.transfers.start(i, meta)

@@ -25,9 +25,9 @@ class KVTransfers:
     """Moves KV between replicas on simulated time.
 
     ``replicas``: the simulation's replicas (``engine.scheduler``, ``wake()``);
-    ``bytes_per_token``: the model's KV bytes per token; ``faults``: those to
-    inject; ``timeout_s``: when a receive that has not ended fails; ``release``:
-    called with (prefill replica, leg id) when a load fails."""
+    ``bytes_per_token``: the model's KV bytes per token; ``release``: called with
+    (prefill replica, leg id) when a load fails; ``faults``: those to inject;
+    ``timeout_s``: when a receive that has not ended fails."""
 
     def __init__(
         self,
@@ -36,21 +36,17 @@ class KVTransfers:
         spec: LinkSpec,
         bytes_per_token: float,
         requests: Callable[[int, str], Request],
+        release: Callable[[int, str], object],
         faults: KVFaults | None = None,
         timeout_s: float = float("inf"),
-        release: Callable[[int, str], object] | None = None,
     ) -> None:
         self.env, self.replicas, self.spec = env, replicas, spec
         self.bytes_per_token = bytes_per_token
         self._request = requests  # (replica, request id) -> the request there
         self.faults, self.timeout_s = faults or KVFaults(), timeout_s
         # (replica, leg id): what a failed load's prefill side does (the cluster
-        # core's decision); by default it frees the leg's blocks.
-        self._release = release or (
-            lambda src, leg: self.replicas[src].engine.scheduler.update_connector_output(
-                {leg}, (), self.env.now
-            )
-        )
+        # core's decision, carried out by the simulation).
+        self._release = release
         self.links: dict[tuple[int, int], Link] = {}
         self._version: dict[tuple[int, int], int] = {}
         self._done: dict[tuple[int, int], dict[str, tuple[int, KVLoad]]] = {}
