@@ -99,15 +99,11 @@ class EngineCore:
         config: SchedulerConfig | None = None,
         connector: KVConnector | None = None,
         validate: Callable[[Request], str | None] | None = None,
-        **scheduler_config,
     ) -> EngineCore:
         """Make a KV-cache manager, a scheduler and an engine core in one call. The
         scheduler's limits: ``config`` (an engine's options made into them by
-        :meth:`SchedulerConfig.of`), else ``SchedulerConfig``'s fields by keyword."""
-        if config is None:
-            config = SchedulerConfig(**scheduler_config)
-        elif scheduler_config:
-            raise TypeError(f"give config or its fields, not both: {sorted(scheduler_config)}")
+        :meth:`SchedulerConfig.of`; None: its defaults)."""
+        config = config or SchedulerConfig()
         kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
         return cls(Scheduler(config, kv, policy, connector), executor, clock, validate)
 

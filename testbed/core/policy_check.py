@@ -22,6 +22,7 @@ import copy
 import random
 from collections.abc import Callable, Sequence
 
+from testbed.core.config import SchedulerConfig
 from testbed.core.engine import EngineCore, StepResult
 from testbed.core.outputs import ExecutorOutput, SchedulerOutput
 from testbed.core.policy import Policy
@@ -138,9 +139,11 @@ def stand_in_engine(
         num_blocks,
         block_size,
         clock=ManualClock(),
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        max_model_len=max_model_len,
+        config=SchedulerConfig(
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+        ),
     )
 
 

@@ -86,17 +86,14 @@ def test_an_engines_options_without_a_scheduler_option_are_refused_naming_it():
         SchedulerConfig.of(args, 100)
 
 
-def test_engine_core_build_takes_a_made_config_or_its_fields_not_both():
+def test_engine_core_build_takes_a_made_config_and_connector():
     config = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=4, max_model_len=128)
     connector = PDConnector("consumer", 1)
     fcfs = make_policy("fcfs")
     engine = EngineCore.build(None, fcfs, 10, 4, config=config, connector=connector)
     assert engine.scheduler.config is config and engine.scheduler.connector is connector
     assert engine.scheduler.kv.num_blocks == 10 and engine.scheduler.kv.block_size == 4
-    by_field = EngineCore.build(None, fcfs, 10, max_num_seqs=4, max_model_len=128)
-    assert by_field.scheduler.config == SchedulerConfig(max_num_seqs=4, max_model_len=128)
-    with pytest.raises(TypeError, match="not both: \\['max_num_seqs'\\]"):
-        EngineCore.build(None, fcfs, 10, config=config, max_num_seqs=4)
+    assert EngineCore.build(None, fcfs, 10).scheduler.config == SchedulerConfig()
 
 
 # --- the KV cache's size ---
