@@ -123,9 +123,29 @@ def models_dir() -> Path:
     return Path(os.environ.get("TESTBED_MODELS_DIR", str(default)))
 
 
+# The field by which each family's HF config counts its routed experts.
+MOE_EXPERTS_FIELDS = (
+    "num_local_experts",  # Mixtral (each expert intermediate_size wide)
+    "num_experts",  # Qwen2-MoE, Qwen3-MoE (each moe_intermediate_size wide)
+    "n_routed_experts",  # DeepSeek-MoE (each moe_intermediate_size wide)
+)
+
+
+def moe_experts_field(config: Mapping[str, Any]) -> str | None:
+    """The field of an HF config that gives it routed experts (None: a dense model)."""
+    return next((key for key in MOE_EXPERTS_FIELDS if config.get(key)), None)
+
+
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
-    """The shape of a decoder-only transformer of the Llama family."""
+    """The shape of a decoder-only transformer of the Llama family, dense or
+    mixture-of-experts (MoE: each MLP is ``num_experts`` SwiGLU experts of which a
+    router picks ``num_experts_per_tok`` per token, beside optional always-on
+    shared experts).
+
+    Counts leave out attention biases (Qwen2's q/k/v), Qwen3's per-head q/k norms,
+    and the one-output gate of Qwen2-MoE's shared expert: each under 0.1% of a
+    model's weights."""
 
     name: str
     num_layers: int
@@ -133,20 +153,54 @@ class ModelSpec:
     num_heads: int
     num_kv_heads: int
     head_dim: int
-    intermediate_size: int
+    intermediate_size: int  # a dense MLP's width
     vocab_size: int
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 4096
+    num_experts: int = 0  # routed experts per MoE layer (0: dense)
+    num_experts_per_tok: int = 0  # top-k
+    moe_intermediate_size: int = 0  # one routed expert's FFN width
+    shared_expert_intermediate_size: int = 0  # total width of always-on shared experts (0: none)
+    # leading layers with a dense MLP intermediate_size wide (DeepSeek's first_k_dense_replace)
+    first_dense_layers: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.is_moe:
+            moe = ("num_experts_per_tok", "moe_intermediate_size", "first_dense_layers")
+            if stray := [f for f in moe if getattr(self, f)]:
+                raise ValueError(f"model {self.name}: {stray[0]} is set but num_experts is 0")
+            return
+        if not 1 <= self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(
+                f"model {self.name}: num_experts_per_tok={self.num_experts_per_tok} "
+                f"is not in 1..num_experts={self.num_experts}"
+            )
+        if self.moe_intermediate_size < 1:
+            raise ValueError(f"model {self.name}: an MoE model needs moe_intermediate_size >= 1")
+        if not 0 <= self.first_dense_layers <= self.num_layers:
+            raise ValueError(
+                f"model {self.name}: first_dense_layers={self.first_dense_layers} "
+                f"is not in 0..num_layers={self.num_layers}"
+            )
 
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any], name: str | None = None) -> ModelSpec:
-        """Read the fields every Llama / Mistral / Qwen2 / Qwen3 config has."""
+        """Read the fields every Llama / Mistral / Qwen2 / Qwen3 config has, and the
+        experts of Mixtral, Qwen2-MoE / Qwen3-MoE and DeepSeek-MoE configs."""
+        name = name or config.get("_name_or_path") or config.get("model_type", "model")
+        if config.get("kv_lora_rank") is not None:
+            raise ValueError(
+                f"model config {name}: kv_lora_rank={config['kv_lora_rank']} means MLA "
+                "attention (DeepSeek-V2/V3), which this testbed does not model: its KV "
+                "size and attention cost differ from grouped-query attention's"
+            )
         try:
             heads = int(config["num_attention_heads"])
             hidden = int(config["hidden_size"])
+            layers = int(config["num_hidden_layers"])
             return cls(
-                name=name or config.get("_name_or_path") or config.get("model_type", "model"),
-                num_layers=int(config["num_hidden_layers"]),
+                name=name,
+                num_layers=layers,
                 hidden_size=hidden,
                 num_heads=heads,
                 num_kv_heads=int(config.get("num_key_value_heads") or heads),
@@ -155,34 +209,124 @@ class ModelSpec:
                 vocab_size=int(config["vocab_size"]),
                 tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
                 max_position_embeddings=int(config.get("max_position_embeddings", 4096)),
+                **_moe_fields(config, name, layers),
             )
         except KeyError as e:
-            raise ValueError(f"model config {name or ''} lacks field {e.args[0]!r}") from e
+            raise ValueError(f"model config {name}: lacks field {e.args[0]!r}") from e
 
     # --- sizes ---
     @property
-    def params_per_layer(self) -> int:
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        """Layers whose MLP is routed experts (the rest: a dense MLP)."""
+        return self.num_layers - self.first_dense_layers if self.is_moe else 0
+
+    @property
+    def attention_params_per_layer(self) -> int:
         h, d = self.hidden_size, self.head_dim
-        attn = h * self.num_heads * d * 2 + h * self.num_kv_heads * d * 2  # q, o, k, v
-        mlp = 3 * h * self.intermediate_size  # gate, up, down (SwiGLU)
-        return attn + mlp + 2 * h  # + two RMSNorm weights
+        return h * self.num_heads * d * 2 + h * self.num_kv_heads * d * 2  # q, o, k, v
+
+    @property
+    def dense_mlp_params(self) -> int:
+        return 3 * self.hidden_size * self.intermediate_size  # gate, up, down (SwiGLU)
+
+    @property
+    def expert_params(self) -> int:
+        """One routed expert's weights (a SwiGLU MLP ``moe_intermediate_size`` wide)."""
+        return 3 * self.hidden_size * self.moe_intermediate_size
+
+    @property
+    def router_params(self) -> int:
+        return self.hidden_size * self.num_experts
+
+    @property
+    def shared_expert_params(self) -> int:
+        return 3 * self.hidden_size * self.shared_expert_intermediate_size
+
+    @property
+    def dense_layer_params(self) -> int:
+        """A layer with a dense MLP: attention, MLP and two RMSNorm weights."""
+        return self.attention_params_per_layer + self.dense_mlp_params + 2 * self.hidden_size
+
+    def moe_layer_params(self, experts: int) -> int:
+        """An MoE layer's weights counting ``experts`` routed experts: attention,
+        router, shared experts and two RMSNorm weights beside them."""
+        mlp = experts * self.expert_params + self.router_params + self.shared_expert_params
+        return self.attention_params_per_layer + mlp + 2 * self.hidden_size
+
+    @property
+    def params_per_layer(self) -> int:
+        """One layer's weights; of an MoE model, an MoE layer's, every expert's
+        (its leading dense layers are :attr:`dense_layer_params`)."""
+        if not self.is_moe:
+            return self.dense_layer_params
+        return self.moe_layer_params(self.num_experts)
 
     @property
     def num_params(self) -> int:
+        """Every weight: all layers (all experts), embedding, LM head, final norm."""
         embed = self.vocab_size * self.hidden_size
         head = 0 if self.tie_word_embeddings else embed
-        return self.num_layers * self.params_per_layer + embed + head + self.hidden_size
+        return self._layers_params(self.num_experts) + embed + head + self.hidden_size
 
     @property
     def matmul_params(self) -> int:
-        """Parameters a token multiplies through (all layers and the LM head)."""
-        return self.num_layers * self.params_per_layer + self.vocab_size * self.hidden_size
+        """Parameters one token multiplies through: every layer (of an MoE layer,
+        its top-k experts, shared experts and router) and the LM head."""
+        return self._layers_params(self.num_experts_per_tok) + self.vocab_size * self.hidden_size
+
+    def _layers_params(self, experts: int) -> int:
+        """All layers' weights, counting ``experts`` routed experts per MoE layer."""
+        if not self.is_moe:
+            return self.num_layers * self.params_per_layer
+        moe = self.num_moe_layers * self.moe_layer_params(experts)
+        return (self.num_layers - self.num_moe_layers) * self.dense_layer_params + moe
 
     def weight_bytes(self, dtype: str) -> int:
         return self.num_params * DTYPE_BYTES[dtype]
 
     def kv_bytes_per_token(self, dtype: str) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * DTYPE_BYTES[dtype]
+
+
+def _moe_fields(config: Mapping[str, Any], name: str, num_layers: int) -> dict[str, int]:
+    """ModelSpec's expert fields from an HF config, by the field its family counts
+    experts with (:data:`MOE_EXPERTS_FIELDS`); empty for a dense model."""
+    key = moe_experts_field(config)
+    if key is None:
+        return {}
+    for field, every_layer in (("decoder_sparse_step", 1), ("moe_layer_freq", 1)):
+        if config.get(field, every_layer) != every_layer:
+            raise ValueError(
+                f"model config {name}: {field}={config[field]!r} (experts in only some "
+                f"layers) is not modelled; only {every_layer} (every layer)"
+            )
+    if config.get("mlp_only_layers"):
+        raise ValueError(
+            f"model config {name}: mlp_only_layers={config['mlp_only_layers']!r} (dense "
+            "layers among the MoE ones) is not modelled; only []"
+        )
+    fields = {"num_experts": int(config[key])}
+    fields["num_experts_per_tok"] = int(config["num_experts_per_tok"])
+    if key == "num_local_experts":  # Mixtral: every expert as wide as a dense MLP
+        fields["moe_intermediate_size"] = int(config["intermediate_size"])
+        return fields
+    # OLMoE-style configs without moe_intermediate_size give each expert intermediate_size
+    width = int(config.get("moe_intermediate_size") or config["intermediate_size"])
+    fields["moe_intermediate_size"] = width
+    if key == "n_routed_experts":  # DeepSeek: n_shared_experts experts of the routed width
+        shared = int(config.get("n_shared_experts") or 0)
+        fields["shared_expert_intermediate_size"] = shared * width
+        # a model cut to its first layers (ResolvedModel.first_layers) may be all dense
+        first_dense = int(config.get("first_k_dense_replace") or 0)
+        fields["first_dense_layers"] = min(first_dense, num_layers)
+    else:
+        shared = config.get("shared_expert_intermediate_size") or 0
+        fields["shared_expert_intermediate_size"] = int(shared)
+    return fields
 
 
 @dataclass(frozen=True, slots=True)

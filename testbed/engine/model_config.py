@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from testbed.models import ModelSpec, ResolvedModel, resolve_model
+from testbed.errors import InputError
+from testbed.models import ModelSpec, ResolvedModel, moe_experts_field, resolve_model
 
 SUPPORTED = {
     "LlamaForCausalLM": "llama",
@@ -52,6 +53,12 @@ class ModelConfig:
     def from_hf(cls, cfg: Mapping[str, Any], source: str = "config") -> ModelConfig:
         cfg = dict(cfg)
         arch = (cfg.get("architectures") or ["LlamaForCausalLM"])[0]
+        if (experts := moe_experts_field(cfg)) is not None:  # before a default arch makes it dense
+            raise InputError(
+                f"{source}: {cfg.get('model_type') or arch} is a mixture-of-experts model "
+                f"({experts}={cfg[experts]}); this engine runs dense models only: MoE models "
+                "are simulated only (mode=sim)"
+            )
         kind = SUPPORTED.get(arch)
         if kind is None:
             raise ValueError(
