@@ -13,9 +13,19 @@ from testbed.models import PROJECT_ROOT
 
 HARDWARE_CONFIGS = PROJECT_ROOT / "conf" / "hardware"
 # Cards with an entry in conf/hardware, by the name torch.cuda.get_device_name
-# gives them; the entries describe the SXM parts with the most memory.
-_GPU_ENTRIES = (("H200", "h200"), ("H100", "h100"), ("A100", "a100"))
-_OTHER_PARTS = ("PCIe", "NVL", "40GB")  # other bandwidths than their entry's
+# gives them: (what the name contains, the entry, what names another part with
+# other bandwidths or memory, which that entry does not describe). Compared in
+# lower case; the first row that matches decides.
+_GPU_ENTRIES = (
+    ("h100 pcie", "h100-pcie", ()),
+    ("a100-sxm4-40gb", "a100-40gb", ()),
+    ("l40s", "l40s", ()),
+    ("rtx 4090", "rtx4090", ("4090 d", "laptop")),  # fewer SMs / a mobile part
+    ("h200", "h200", ("nvl", "gh200")),  # another power limit / Grace Hopper's memory
+    ("h100", "h100", ("pcie", "nvl")),
+    ("a100", "a100", ("pcie", "40gb")),
+)
+INTERCONNECTS = ("nvlink", "pcie", "none")
 
 
 @dataclass(slots=True)
@@ -34,6 +44,11 @@ class HardwareSpec:
     # cache: the simulator's input to the KV-cache formula (testbed.models.GPUMemory)
     # where the real engine measures its own after a warm-up pass at the largest step.
     activation_reserve_bytes: float = 0.0
+    # What joins it to its tensor-parallel peers: bytes/s one GPU sends them, one
+    # direction (NVLink; PCIe where no NVLink); 0 with "none": a single device.
+    interconnect_bandwidth: float = 0.0
+    interconnect: str = "none"  # nvlink | pcie | none
+    gpus_per_node: int = 1  # GPUs one such link joins (a node's)
     source: str = ""
 
     @classmethod
@@ -53,21 +68,40 @@ class HardwareSpec:
             "step_overhead_s",
             "request_overhead_s",
             "activation_reserve_bytes",
+            "interconnect_bandwidth",
         ):
             value = getattr(self, name)
-            if not isinstance(value, int | float) or value < 0:
+            if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
                 raise ValueError(
                     f"hardware {self.name}: {name} must be a number >= 0, got {value!r}"
                 )
+        if not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 1:
+            raise ValueError(
+                f"hardware {self.name}: gpus_per_node must be an integer >= 1, "
+                f"got {self.gpus_per_node!r}"
+            )
+        if self.interconnect not in INTERCONNECTS:
+            raise ValueError(
+                f"hardware {self.name}: interconnect must be one of "
+                f"{', '.join(INTERCONNECTS)}, got {self.interconnect!r}"
+            )
+        if (self.interconnect == "none") != (self.interconnect_bandwidth == 0):
+            raise ValueError(
+                f"hardware {self.name}: interconnect={self.interconnect} with "
+                f"interconnect_bandwidth={self.interconnect_bandwidth!r}: a link "
+                "(nvlink, pcie) needs a bandwidth > 0, none needs 0"
+            )
 
 
 def gpu_entry(gpu_name: str) -> str | None:
     """The ``conf/hardware`` entry describing a GPU by its reported name
     ("NVIDIA H100 80GB HBM3" -> "h100"), or None where none does: a GPU check
     labels its profile and results with it, and the benchmarks take its peaks."""
-    if any(part in gpu_name for part in _OTHER_PARTS):
-        return None
-    return next((entry for key, entry in _GPU_ENTRIES if key in gpu_name), None)
+    name = gpu_name.lower()
+    for key, entry, other_parts in _GPU_ENTRIES:
+        if key in name:
+            return None if any(part in name for part in other_parts) else entry
+    return None
 
 
 def spec_sheet(entry: str) -> HardwareSpec:
