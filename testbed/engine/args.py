@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from testbed.errors import InputError
+
 CPU_KV_CACHE_BYTES = 512 * 2**20  # a CPU engine's KV cache unless kv_cache_bytes says
 
 
@@ -42,4 +44,16 @@ class EngineArgs:
     threads: int | None = None
     cpus: Sequence[int] | None = None  # cores the process is pinned to (Linux); default: any
     seed: int = 0
+    # GPUs a replica spans (vLLM's names); this engine runs each on one device.
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
     extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # An InputError (a ValueError): run.py prints it alone where a config set it.
+        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+            if getattr(self, name) != 1:
+                raise InputError(
+                    f"{name}={getattr(self, name)}: this engine runs each replica on one "
+                    "device; tensor and pipeline parallelism are simulated only (mode=sim)"
+                )

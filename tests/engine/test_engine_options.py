@@ -23,6 +23,7 @@ from testbed.engine.factory import (
     measure_gpu_memory,
     run_largest_step,
 )
+from testbed.errors import InputError
 from testbed.models import GPUMemory, ModelSpec, num_kv_blocks
 
 CUDA = torch.device("cuda")  # a device as the factory sees it: nothing runs on it here
@@ -41,15 +42,55 @@ OPTIONS = [
     "engine.kv_cache_bytes=1e6",
     "engine.attention_backend=torch",
 ]
+# Options the real engine takes only at their default (it refuses others; tested below).
+DEFAULT_ONLY = {"tensor_parallel_size", "pipeline_parallel_size"}
 
 
 def test_engine_args_carry_every_option_the_engine_group_names_alike():
     cfg = compose_config(["mode=real", *OPTIONS])
     args, defaults = engine_args(cfg), EngineArgs(model="any")
     shared = {f.name for f in fields(EngineArgs)} & {f.name for f in fields(EngineConfig)}
+    assert shared >= DEFAULT_ONLY
+    shared -= DEFAULT_ONLY
     assert len(shared) == len(OPTIONS)
     for name in shared:
         assert getattr(args, name) == cfg.engine[name] != getattr(defaults, name), name
+
+
+@pytest.mark.parametrize("name", sorted(DEFAULT_ONLY))
+def test_the_real_engine_refuses_parallelism_it_only_simulates(name):
+    message = (
+        f"{name}=2: this engine runs each replica on one device; tensor and pipeline "
+        "parallelism are simulated only \\(mode=sim\\)"
+    )
+    with pytest.raises(ValueError, match=message):
+        EngineArgs(model="any", **{name: 2})
+    # the engine group's option reaches the engine (by name) and is refused there
+    with pytest.raises(InputError, match=message):
+        engine_args(compose_config(["mode=real", f"engine.{name}=2"]))
+    assert getattr(engine_args(compose_config(["mode=real"])), name) == 1
+
+
+def test_run_py_refuses_a_tensor_parallel_real_run_in_one_line(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from testbed.models import PROJECT_ROOT
+
+    cmd = [sys.executable, str(PROJECT_ROOT / "run.py"), "mode=real"]
+    cmd += ["engine.tensor_parallel_size=2", "trace.num_requests=2"]
+    cmd += ["logging=disabled", f"hydra.run.dir={tmp_path / 'run'}"]
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    res = subprocess.run(
+        cmd, capture_output=True, text=True, env={**env, "TESTBED_NO_BOOTSTRAP": "1"}
+    )
+    assert res.returncode != 0
+    assert res.stderr.strip().splitlines()[-1] == (
+        "Error: tensor_parallel_size=2: this engine runs each replica on one device; "
+        "tensor and pipeline parallelism are simulated only (mode=sim)"
+    )
+    assert not (tmp_path / "run" / "metrics.json").exists()
 
 
 def test_one_engine_config_makes_the_same_scheduler_in_both_modes():
