@@ -8,8 +8,8 @@ MoE experts) reads a GEMM curve and elementwise rates fitted to every table of t
 GPU, whose parameters the same script stored beside the tables.
 
 The fitted GEMM time of an ``(m x k) @ (k x n)`` product on one GPU: memory-bound or
-compute-bound, whichever is slower, each with its own fixed cost (a GEMV-like kernel
-starts sooner than a tiled one; one shared fixed cost ran small decode GEMMs 30% high)::
+compute-bound, whichever is slower, each with its own fixed cost (the memory-bound
+GEMV-like kernels of a few tokens start sooner than tiled ones)::
 
     t = max(t0_mem + bytes / B, t0_compute + 2 m k n / F(m))
     F(m) = F_max * m / (m + m_half),  bytes = dtype_bytes * (m k + k n + m n)
