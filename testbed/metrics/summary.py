@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -300,3 +301,14 @@ def summarize(result: RunResult, df: pd.DataFrame | None = None) -> dict[str, fl
         m["kv_transfers_failed"] = len(failed)
         m["kv_recomputed_tokens"] = int(failed["kv_recomputed_tokens"].sum())
     return m
+
+
+PER_GPU = ("throughput_req_s", "throughput_output_tok_s", "throughput_total_tok_s", "goodput_req_s")
+
+
+def per_gpu(metrics: dict[str, Any]) -> dict[str, float]:
+    """The run's throughputs and goodput divided by its GPUs (``num_gpus``: replicas
+    x tensor x pipeline parallel), as ``<name>_per_gpu``: what deployments of
+    different sizes are compared by."""
+    gpus = metrics.get("num_gpus") or 1
+    return {f"{name}_per_gpu": metrics[name] / gpus for name in PER_GPU if name in metrics}

@@ -83,11 +83,12 @@ def run_and_signal(args: list[str], sig: int, run_dir: Path) -> tuple[int, str, 
     return proc.returncode, "".join(out), "".join(err)
 
 
-def latency_model(model: str = "llama3-8b", hardware: str = "h200"):
+def latency_model(model: str = "llama3-8b", hardware: str = "h200", choice: str = "roofline"):
+    """The spec-sheet roofline of a model on a GPU (``choice``: another latency model)."""
     m = OmegaConf.to_container(OmegaConf.load(f"{CONF}/model/{model}.yaml"))
     hw = OmegaConf.to_container(OmegaConf.load(f"{CONF}/hardware/{hardware}.yaml"))
     spec = ModelSpec.from_hf_config(m["hf_config"], name=model)
-    return make_latency_model(spec, HardwareSpec.from_config(hw), m["dtype"], None)
+    return make_latency_model(spec, HardwareSpec.from_config(hw), m["dtype"], None, choice=choice)
 
 
 def random_requests(n: int, rate: float = 5.0, seed: int = 0, shared: bool = True) -> list[Request]:
