@@ -163,7 +163,9 @@ def test_splits_the_model_does_not_allow_are_refused():
 def test_a_replicas_kv_cache_is_what_all_its_gpus_leave():
     s, hw = spec("llama3-70b"), spec_sheet("h100")
     with pytest.raises(ValueError, match="no room"):
-        num_kv_blocks(s, "bfloat16", 16, memory=replica_memory(s, hw, "bfloat16", 0.9, Parallelism()))
+        num_kv_blocks(
+            s, "bfloat16", 16, memory=replica_memory(s, hw, "bfloat16", 0.9, Parallelism())
+        )
     tp4 = Parallelism(4)
     blocks4 = num_kv_blocks(
         tp4.kv_spec(s), "bfloat16", 16, memory=replica_memory(s, hw, "bfloat16", 0.9, tp4)
