@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -42,6 +43,7 @@ def slo_rate(common, capacity, ttft_s, tpot_s, pct, out: Path) -> tuple[float, d
     """The highest rate (req/s, within 1/2^BISECTIONS of the capacity) meeting the SLO,
     and that run's metrics (0 and None where even the lowest rate misses it)."""
     lo, hi, best = 0.0, capacity, None
+    shutil.rmtree(out, ignore_errors=True)  # a run folder is claimed once
     for i in range(BISECTIONS):
         rate = (lo + hi) / 2
         m = run_from_config(compose_config([*common, f"trace.rate={rate}"]), out / f"bisect{i}")

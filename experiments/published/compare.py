@@ -33,6 +33,7 @@ from testbed.config_schema import compose_config
 from testbed.job import run_from_config
 
 TABLE = Path(__file__).with_name("measurements.yaml")
+CONF = Path(__file__).resolve().parents[2] / "conf"
 MODELS = ("operators", "roofline", "roofline_before")
 # The roofline as it was before the operator model: the hardware entries' CPU
 # overheads then (the entries now carry published ones).
@@ -54,6 +55,32 @@ TOTALS = ("output_throughput_tok_s", "request_throughput_req_s", "duration_s")
 STATISTIC = {"median": "p50", "p50": "p50", "p90": "p90", "p99": "p99"}
 
 
+# A dataset a source names, as the lengths its benchmark drew: vLLM's
+# benchmark_serving samples ShareGPT's first turns (prompts up to 1,024 tokens,
+# prompt + output up to 2,048), averaging 202 input and 179 output tokens with
+# Llama-3's tokenizer (vLLM v0.6.0 blog, 2024-09-05); drawn here lognormal with
+# those means, the shape an assumption.
+DATASETS = {
+    "sharegpt": (
+        "{dist:lognormal,mean:202,cv:1.0,min:4,max:1024}",
+        "{dist:lognormal,mean:179,cv:1.0,min:4,max:1024}",
+    )
+}
+# vLLM 0.6.0's benchmarks ran with multi-step scheduling (--num-scheduler-steps
+# 10): the scheduler and input preparation run once per 10 steps.
+MULTI_STEP = {"0.6.0": 10}
+
+
+def version(point: dict[str, Any]) -> tuple[int, int]:
+    """The engine's (major, minor): given, else the V0 engine for a source dated
+    before 2025 (V1 became vLLM's default in 0.8, 2025-03), else V1."""
+    given = point.get("engine_version")
+    if given:
+        return tuple(int(x) for x in (str(given).split(".") + ["0"])[:2])  # type: ignore[return-value]
+    date = str((point.get("source") or {}).get("date") or "2025")
+    return (0, 5) if date < "2025" else (0, 10)
+
+
 def engine_defaults(point: dict[str, Any]) -> dict[str, int | bool]:
     """vLLM's scheduler limits where a source gives none: V0 (before 0.8) 256
     sequences and no chunked prefill (a step holds whole prompts, up to the
@@ -61,10 +88,8 @@ def engine_defaults(point: dict[str, Any]) -> dict[str, int | bool]:
     tokens a step on a GPU of 70 GiB or more other than an A100, else 256 and
     2,048 (vllm/engine/arg_utils.py, the OpenAI server's defaults). SGLang:
     its server's chunked prefill of 8,192 tokens and vLLM V1's sequence limit."""
-    version = str(point.get("engine_version") or "0")
-    major, minor = (int(x) for x in (version.split(".") + ["0"])[:2])
     big = point.get("gpu_memory_gb", 80) >= 70 and not str(point["gpu"]).startswith("a100")
-    if point["engine"] == "vllm" and (major, minor) < (0, 8):
+    if point["engine"] == "vllm" and version(point) < (0, 8):
         return {"max_num_seqs": 256, "enable_chunked_prefill": False}
     return {
         "max_num_seqs": 1024 if big else 256,
@@ -83,6 +108,9 @@ def workload_overrides(w: dict[str, Any], max_requests: int) -> list[str]:
             f"trace.prompt_tokens={w['prompt_tokens']}",
             f"trace.output_tokens={w['output_tokens']}",
         ]
+    elif w.get("dataset") in DATASETS:
+        prompt, output = DATASETS[w["dataset"]]
+        lengths = [f"trace.prompt={prompt}", f"trace.output={output}"]
     elif w.get("dataset"):
         lengths = [f"trace.lengths_from={w['dataset']}"]
     else:
@@ -112,11 +140,14 @@ def workload_overrides(w: dict[str, Any], max_requests: int) -> list[str]:
                 f"trace.num_requests={n}",
                 *lengths,
             ]
-        if w.get("dataset") and not w.get("prompt_tokens"):
+        if w.get("prompt_tokens"):
+            dists = [f"trace.prompt={{dist:fixed,value:{w['prompt_tokens']}}}",
+                     f"trace.output={{dist:fixed,value:{w['output_tokens']}}}"]  # fmt: skip
+        elif w.get("dataset") in DATASETS:
+            dists = lengths
+        else:
             return [f"trace={w['dataset']}", f"trace.rate={rate}", f"trace.num_requests={n}"]
-        fixed = [f"trace.prompt={{dist:fixed,value:{w['prompt_tokens']}}}",
-                 f"trace.output={{dist:fixed,value:{w['output_tokens']}}}"]  # fmt: skip
-        return ["trace=synthetic", f"trace.rate={rate}", f"trace.num_requests={n}", *fixed]
+        return ["trace=synthetic", f"trace.rate={rate}", f"trace.num_requests={n}", *dists]
     raise ValueError(
         f"workload kind {kind!r}: single_request, concurrency, offline_batch, request_rate"
     )
@@ -129,19 +160,25 @@ def point_overrides(point: dict[str, Any], model: str, max_requests: int) -> lis
         if w.get(key):
             engine[key] = int(w[key])
     if not engine.get("enable_chunked_prefill", True) and "max_num_batched_tokens" not in engine:
-        longest = int((w.get("prompt_tokens") or 0) + (w.get("output_tokens") or 0)) or 8192
-        engine["max_num_batched_tokens"] = max(longest, 2048)
+        hf = yaml.safe_load((CONF / "model" / f"{point['model']}.yaml").read_text())["hf_config"]
+        longest = int((w.get("prompt_tokens") or 0) + (w.get("output_tokens") or 0))
+        engine["max_num_batched_tokens"] = max(longest, hf["max_position_embeddings"], 2048)
     longest = int((w.get("prompt_tokens") or 0) + (w.get("output_tokens") or 0))
     context = [f"model.hf_config.max_position_embeddings={longest}"] if longest > 8192 else []
-    before = []
+    hw = yaml.safe_load((CONF / "hardware" / f"{point['gpu']}.yaml").read_text())
+    step, request = hw["step_overhead_s"], hw["request_overhead_s"]
     if model == "roofline_before":
         step, request = BEFORE_OVERHEADS.get(point["gpu"], BEFORE_DEFAULT)
         model = "roofline"
-        before = [f"hardware.step_overhead_s={step}", f"hardware.request_overhead_s={request}"]
+    steps = MULTI_STEP.get(str(point.get("engine_version")), 1)
+    overheads = [
+        f"hardware.step_overhead_s={step / steps}",
+        f"hardware.request_overhead_s={request / steps}",
+    ]
     return [
         "mode=sim",
         f"mode.latency_model={model}",
-        *before,
+        *overheads,
         *context,
         f"model={point['model']}",
         f"hardware={point['gpu']}",

@@ -54,6 +54,14 @@ COLLECTIVES = {"h100": ("h100", "dgx"), "h200": ("h100", "dgx"), "a100": ("a100"
 # A collective without a measured table: ring all-reduce at the spec sheet's
 # interconnect bandwidth after a fixed start-up latency of NCCL's order.
 ANALYTIC_COLLECTIVE_LATENCY_S = 20e-6
+# vLLM's own all-reduce over NVLink, inside CUDA graphs, for messages below 8 MiB
+# (its custom kernel, or symmetric-memory all-reduce where that takes over): a
+# fixed cost by ranks plus about 8 us per MiB, from published kernel benchmarks on
+# H100 (SGLang PR #2904, vLLM PRs #24111 and #42324; docs/gpu_latency_sources.md).
+# Vidur's NCCL tables, measured outside graphs, take the larger messages.
+CUSTOM_ALL_REDUCE_S = {2: 6e-6, 4: 7e-6, 8: 9e-6}
+CUSTOM_ALL_REDUCE_S_PER_BYTE = 8e-6 / 2**20
+CUSTOM_ALL_REDUCE_MAX_BYTES = 8 * 2**20
 ATTENTION_SIDE_OPS = ("qkv", "o", "input_norm", "post_norm", "rope", "add")
 
 
@@ -130,8 +138,9 @@ class Collective:
         self.hw = hw
         entry = COLLECTIVES.get(hw.name)
         self.measured = Collectives.load(*entry) if entry else None
+        self.custom = hw.interconnect == "nvlink"
         if self.measured is not None:
-            self.source = f"measured: {self.measured.source}"
+            self.source = self.measured.source
         elif hw.interconnect_bandwidth > 0:
             self.source = (
                 f"analytic ring over {hw.interconnect} at {hw.interconnect_bandwidth / 1e9:g} GB/s "
@@ -139,10 +148,17 @@ class Collective:
             )
         else:
             self.source = f"none: {hw.name} has no interconnect"
+        if self.custom:
+            self.source += (
+                "; all-reduces below 8 MiB as vLLM's custom all-reduce over NVLink "
+                "(published H100 kernel benchmarks)"
+            )
 
     def all_reduce_s(self, nbytes: float, n: int) -> float:
         if n == 1:
             return 0.0
+        if self.custom and n in CUSTOM_ALL_REDUCE_S and nbytes < CUSTOM_ALL_REDUCE_MAX_BYTES:
+            return CUSTOM_ALL_REDUCE_S[n] + nbytes * CUSTOM_ALL_REDUCE_S_PER_BYTE
         if self.measured is not None:
             return self.measured.all_reduce_s(nbytes, n)
         return ANALYTIC_COLLECTIVE_LATENCY_S + 2 * (n - 1) / n * nbytes / self._bandwidth(n)
@@ -320,8 +336,15 @@ class GPUStepModel:
         """Everything of a step but attention: it depends on its requests and tokens only."""
         key = (num_reqs, num_tokens)
         hit = self._fixed.get(key)
-        if hit is not None:
-            return hit
+        if hit is None:
+            hit = self._fixed[key] = sum(self.fixed_parts(num_reqs, num_tokens).values())
+        return hit
+
+    def fixed_parts(self, num_reqs: int, num_tokens: int) -> dict[str, float]:
+        """Seconds of each part of a step but attention: ``cpu`` (the engine's
+        overheads), ``embedding``, ``layers`` (linear and elementwise operators, MoE
+        experts), ``all_reduce`` (two per layer), ``lm_head`` (with its gather) and
+        ``pipeline`` (the hand-overs between stages)."""
         m, hw, tp, pp = self.model, self.hw, self.tp, self.parallel.pipeline
         t = max(num_tokens, 1)
         ops = self._layer_ops(t)
@@ -332,19 +355,27 @@ class GPUStepModel:
         else:
             layers = m.num_layers * sum(ops.values())
         hidden_bytes = t * m.hidden_size * self.bytes
-        reduce = (
-            2 * m.num_layers * self.collective.all_reduce_s(hidden_bytes, tp) if tp > 1 else 0.0
-        )
+        reduce = 0.0
+        if tp > 1:  # after attention and after the MLP, every layer
+            reduce = 2 * m.num_layers * self.collective.all_reduce_s(hidden_bytes, tp)
         logits = max(num_reqs, 1)
         head = self._gemm_s(logits, m.hidden_size, m.vocab_size // tp)
         if tp > 1:  # the ranks' logits slices gathered for sampling
             head += self.collective.all_reduce_s(logits * m.vocab_size // tp * self.bytes, tp)
-        stages = (pp - 1) * self.collective.send_recv_s(2 * hidden_bytes) if pp > 1 else 0.0
-        emb = self.layer.emb_s(t) * self._ratio(0.0, 2 * hidden_bytes)
-        cpu = hw.step_overhead_s + hw.request_overhead_s * num_reqs
-        total = cpu + emb + layers + reduce + head + stages
-        self._fixed[key] = total
-        return total
+        return {
+            "cpu": hw.step_overhead_s + hw.request_overhead_s * num_reqs,
+            "embedding": self.layer.emb_s(t) * self._ratio(0.0, 2 * hidden_bytes),
+            "layers": layers,
+            "all_reduce": reduce,
+            "lm_head": head,
+            "pipeline": (pp - 1) * self.collective.send_recv_s(2 * hidden_bytes) if pp > 1 else 0.0,
+        }
+
+    def breakdown(self, num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv) -> dict[str, float]:
+        """Seconds of each part of one step (:meth:`fixed_parts` and ``attention``)."""
+        parts = self.fixed_parts(num_reqs, num_tokens)
+        parts["attention"] = self._attention(num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv)
+        return parts
 
     def _attention(self, num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv):
         per_layer = self.attention.seconds(
