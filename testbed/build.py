@@ -393,3 +393,10 @@ def load_requests(
         trace, with_tokens=cfg.mode.name == "real", vocab_size=spec.vocab_size, seed=cfg.seed
     )
     return trace, requests
+
+
+def max_concurrency(cfg: DictConfig) -> int | None:
+    """The clients of the run's closed-loop trace (``trace=concurrency``,
+    :mod:`traces.closed_loop`), which each mode sends as they free; None where
+    the trace has arrival times."""
+    return cfg.trace.get("max_concurrency")

@@ -36,7 +36,7 @@ from typing import Any
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from testbed.build import latency_model, load_requests, model_spec, run_trace
+from testbed.build import latency_model, load_requests, max_concurrency, model_spec, run_trace
 from testbed.config_schema import SimMode
 from testbed.errors import InputError
 from testbed.metrics.records import requests_frame
@@ -157,6 +157,12 @@ def scaled_to_load(cfg: DictConfig, spec: ModelSpec) -> dict[str, Any]:
     load = float(cfg.load)
     if not load > 0:
         raise InputError(f"load={cfg.load}: must be a fraction of the capacity, above 0")
+    if (clients := max_concurrency(cfg)) is not None:
+        raise InputError(
+            f"load={cfg.load} with trace={cfg.trace.name} (trace.max_concurrency={clients}): "
+            "load sets an arrival rate, and a closed loop has none (each client sends when its "
+            "last request ends); vary trace.max_concurrency instead, or drop load"
+        )
     if cfg.trace.get("time_scale") is not None:
         raise InputError("load sets the trace's rate; trace.time_scale would rescale it after")
     trace = run_trace(cfg)  # as configured: the search starts from its rate

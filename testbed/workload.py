@@ -5,13 +5,17 @@ prefix cache sees which requests share blocks). The real engine needs token
 ids: they are drawn from a seeded generator, and a prompt's prefix blocks are
 derived from their hash ids alone, so that requests sharing a hash share the
 same tokens (and the prefix cache hits exactly where the trace says).
+
+A closed-loop trace (:mod:`traces.closed_loop`) has no arrival times:
+:class:`ClosedLoop` sends its requests as its clients free, in both modes.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 import pandas as pd
@@ -37,6 +41,66 @@ def to_requests(
     return [req for _, req in _requests(trace, np.arange(len(trace)), *options)]
 
 
+class ClosedLoop:
+    """``max_concurrency`` clients sending requests in a closed loop: each sends its
+    next request when its last one has ended (served, rejected or aborted), and
+    the i-th request sent is the i-th of ``requests`` (``(row, request)`` pairs in
+    trace order). Sending stamps a request's ``arrival_time``: its client's free
+    time. The first ``max_concurrency`` are sent at 0.
+
+    The transport reports each ended request (:meth:`ended`) and sends what is due
+    (:meth:`send`). Clients free at the same time send in client order, so the
+    rows they get do not depend on the order their ends were reported in."""
+
+    def __init__(self, requests: Iterable[tuple[int, Request]], max_concurrency: int) -> None:
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        self.max_concurrency = max_concurrency
+        self._source = iter(requests)
+        self._next = next(self._source, None)
+        self._free = [(0.0, client) for client in range(max_concurrency)]  # a heap
+        self._client: dict[str, int] = {}  # request id -> its client, while it is out
+
+    @property
+    def done(self) -> bool:
+        """Every request has been sent."""
+        return self._next is None
+
+    @property
+    def next_time(self) -> float:
+        """When the next request is sent (inf: every client waits, or none is left)."""
+        return self._free[0][0] if self._free and self._next is not None else math.inf
+
+    def send(self, now: float) -> Iterator[tuple[int, Request]]:
+        """The requests due by ``now``, each stamped with its send time; one freed
+        while they are taken (a rejection) is sent too, if due."""
+        free = self._free
+        while self._next is not None and free and free[0][0] <= now:
+            at, client = heapq.heappop(free)
+            row, req = self._next
+            self._next = next(self._source, None)
+            req.arrival_time = at
+            self._client[req.request_id] = client
+            yield row, req
+
+    def ended(self, request: Request, now: float) -> None:
+        """``request`` has ended, reported at ``now``: its client is free at its
+        finish (a simulator may report a finish ahead of its time), or at ``now``
+        where that is later (an end seen only after it happened)."""
+        client = self._client.pop(request.request_id, None)
+        if client is not None:
+            finish = request.finish_time
+            heapq.heappush(self._free, (now if finish is None else max(finish, now), client))
+
+    def unsent(self) -> Iterator[tuple[int, Request]]:
+        """Every request not sent (consumes them), its arrival time NaN: it never arrived."""
+        while self._next is not None:
+            row, req = self._next
+            self._next = next(self._source, None)
+            req.arrival_time = math.nan
+            yield row, req
+
+
 class RequestStream:
     """The trace's requests (without token ids), made one at a time in arrival
     order as a simulation reaches them: a million requests are not all held at
@@ -53,6 +117,10 @@ class RequestStream:
     def __iter__(self) -> Iterator[tuple[int, Request]]:
         order = np.argsort(self.trace["arrival_s"].to_numpy(), kind="stable")
         return _requests(self.trace, order, False, 0, 0, None)
+
+    def in_rows(self) -> Iterator[tuple[int, Request]]:
+        """``(row, request)`` in trace order (a closed loop's order of sending)."""
+        return _requests(self.trace, np.arange(len(self.trace)), False, 0, 0, None)
 
 
 _COLUMNS = (

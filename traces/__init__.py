@@ -22,7 +22,9 @@ An option the loader itself takes goes to the loader instead (``num_requests``
 and ``rate`` for ``synthetic`` and the length-file traces, which generate
 their arrivals); ``seed`` goes to the loader when it takes one and also seeds
 ``sample``. ServeGen's ``lengths_from`` may name a length trace (``sharegpt``,
-``arxiv``, ``bwb``) instead of a path.
+``arxiv``, ``bwb``) instead of a path, as may the closed loop's
+(``concurrency``, :mod:`traces.closed_loop`), which refuses the options that
+rescale or cut arrival times (it has none until it runs).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from typing import Any
 import pandas as pd
 
 from traces import transforms
+from traces.closed_loop import TIMED_OPTIONS, closed_loop_trace, max_concurrency
 from traces.export import export_csv
 from traces.loaders import load_azure, load_csv, load_lengths, load_mooncake
 from traces.schema import COLUMNS, TraceError, empty_trace, make_trace
@@ -48,6 +51,7 @@ __all__ = [
     "GENERIC_OPTIONS",
     "TRACE_NAMES",
     "TraceError",
+    "closed_loop_trace",
     "empty_trace",
     "export_csv",
     "load_azure",
@@ -58,6 +62,7 @@ __all__ = [
     "load_trace",
     "loader_options",
     "make_trace",
+    "max_concurrency",
     "synthetic_trace",
     "trace_loader",
     "traces_dir",
@@ -86,6 +91,7 @@ _TRACES: dict[str, tuple[Callable[..., pd.DataFrame], str | None]] = {
     "servegen_m-small": (load_servegen, "servegen/language/m-small"),
     "synthetic": (synthetic_trace, None),
     "csv": (load_csv, None),
+    "concurrency": (closed_loop_trace, None),
 }
 TRACE_NAMES: tuple[str, ...] = tuple(_TRACES)
 #: The options every trace takes (:func:`_apply`'s transforms, and ``seed``).
@@ -153,6 +159,13 @@ def load_trace(name: str, **options: Any) -> pd.DataFrame:
     generic = {k: v for k, v in options.items() if k not in params or k == "seed"}
     df = loader(trace_path(relative), **own) if relative else loader(**own)
     df.attrs["name"] = name
+    if (clients := max_concurrency(df)) is not None and (
+        timed := [k for k in TIMED_OPTIONS if k in generic]
+    ):
+        raise ValueError(
+            f"trace {name!r} is a closed loop ({clients} clients, each sending its next "
+            f"request when its last ends): it has no arrival times for {timed} to rescale or cut"
+        )
     return _apply(df, generic)
 
 

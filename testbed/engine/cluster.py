@@ -13,7 +13,8 @@ each lost worker, and carries out the actions over the workers' queues. The
 core reads a worker's KV usage and prefix cache from what its last step
 reported (:class:`ReplicaState`). Each step's row comes back into one step log.
 A worker that dies is reported by name; a Ctrl-C or SIGTERM stops every worker
-and the run still returns what it measured.
+and the run still returns what it measured. A closed loop's requests
+(:class:`~testbed.workload.ClosedLoop`) are sent as requests come back.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from testbed.engine.worker import worker_main
 from testbed.errors import InputError
 from testbed.host import usable_cores
 from testbed.metrics import RunResult, StepLog
+from testbed.workload import ClosedLoop
 
 START_TIMEOUT_S = 600.0  # a worker that has not built its engine by then has failed
 
@@ -117,6 +119,7 @@ def replay_cluster(
     faults: KVFaults | None = None,
     kv_timeout_s: float = float("inf"),
     kv_backend: str = "auto",
+    max_concurrency: int | None = None,
 ) -> RunResult:
     """Replay ``requests`` on ``num_replicas`` engine processes; the run's records
     (``requests`` as they came back, in their order) and merged step log. With
@@ -124,7 +127,9 @@ def replay_cluster(
     instances (disaggregated: ``decider`` and ``pairing`` as the cluster core takes
     them; ``faults`` injected into their KV transfers, a receive not done in
     ``kv_timeout_s`` failed; ``kv_backend``: the torch.distributed backend,
-    ``auto``: gloo on a CPU, nccl on GPUs)."""
+    ``auto``: gloo on a CPU, nccl on GPUs). ``max_concurrency``: send ``requests``
+    in that order in a closed loop of that many clients, each request as soon as
+    its client's last one is back (None: at their arrival times)."""
     ctx = mp.get_context("spawn")
     pairing = (pairing or LeastKVUsage()) if num_prefill else None
     reads_cache = caches_read(num_replicas, router, num_prefill, decider, pairing)
@@ -155,7 +160,8 @@ def replay_cluster(
         replicas.append(ReplicaState(i, proc, inbox, reader, mirror if reads_cache[i] else None))
     core = ClusterCore(replicas, router, num_prefill, decider, pairing)
     clock = WallClock()
-    parent = Parent(core, replicas, clock, on_progress)
+    loop = None if max_concurrency is None else ClosedLoop(enumerate(requests), max_concurrency)
+    parent = Parent(core, replicas, clock, on_progress, loop)
     outbox = Outboxes(replicas)
     partial, reason, error = False, "finished", None
     start = time.perf_counter()
@@ -164,8 +170,8 @@ def replay_cluster(
         clock.reset()
         for rep in replicas:
             rep.inbox.put(("start", clock.origin))
-        pending = deque(sorted(requests, key=lambda r: r.arrival_time))
-        while pending or any(core.num_outstanding()):
+        pending = deque(sorted(requests, key=lambda r: r.arrival_time) if loop is None else ())
+        while pending or any(core.num_outstanding()) or (loop is not None and not loop.done):
             now = clock()
             if max_wall_s is not None and now > max_wall_s:
                 partial, reason = True, f"stopped at max_wall_s={max_wall_s}"
@@ -175,6 +181,9 @@ def replay_cluster(
                 break
             while pending and pending[0].arrival_time <= now:
                 parent.apply(core.arrive(pending.popleft(), now))
+            if loop is not None:  # a closed loop's, as clients free
+                for _, req in loop.send(now):
+                    parent.apply(core.arrive(req, now))
             wait = pending[0].arrival_time - clock() if pending else 0.05
             parent.drain(outbox, max(0.0, min(wait, 0.05)))
             for rep in replicas:
@@ -193,6 +202,9 @@ def replay_cluster(
             if rep.process.is_alive():
                 rep.process.terminate()
             rep.process.join(timeout=5)
+    if loop is not None:
+        for _ in loop.unsent():  # a run stopped part-way: never sent, never arrived
+            pass
     ordered = [parent.final.get(r.request_id, r) for r in requests]
     stats = [rep.exit_stats or {} for rep in replicas]
     messages = parent.messages
@@ -212,11 +224,20 @@ class Parent:
     """The cluster core's transport over worker processes: it carries out the
     core's actions on the workers' queues and turns the workers' messages into
     the core's events; ``final`` holds each request that ended for its user, the
-    step log every worker's rows."""
+    step log every worker's rows. In a closed loop (``loop``) each request that
+    ended frees its client."""
 
-    def __init__(self, core: ClusterCore, replicas: list[ReplicaState], clock, on_progress=None):
+    def __init__(
+        self,
+        core: ClusterCore,
+        replicas: list[ReplicaState],
+        clock,
+        on_progress=None,
+        loop: ClosedLoop | None = None,
+    ):
         self.core, self.replicas, self.clock = core, replicas, clock
         self.on_progress = on_progress
+        self.loop = loop
         self.final: dict[str, Request] = {}
         self.log = StepLog()
         self.messages: list[str] = []  # what happened to the workers, said once each
@@ -229,6 +250,8 @@ class Parent:
             elif kind is Finish:
                 req = action.request
                 self.final[req.request_id] = req
+                if self.loop is not None:
+                    self.loop.ended(req, self.clock())
                 if self.on_progress is not None:
                     self.on_progress(self.clock(), len(self.final))
             elif kind is Release:

@@ -5,6 +5,11 @@ the machine's speed in the gaps between requests, and the reference probe
 (``hardware.reference_cpus``) on other cores throughout. Afterwards the run's
 steps are compared with the profile of its hardware and model, where one
 exists (``speed_vs_profile``).
+
+A closed-loop trace (``trace=concurrency``) is sent as its clients free
+(:class:`~testbed.workload.ClosedLoop`): one engine's replay gets the first
+requests and :class:`ClosedLoopEngine` sends each later one after the step
+that ended its client's last; the cluster's parent sends them itself.
 """
 
 from __future__ import annotations
@@ -26,12 +31,13 @@ from testbed.build import (
     engine_args,
     kv_faults,
     latency_model,
+    max_concurrency,
     num_engines,
     pairing,
     router,
     run_model,
 )
-from testbed.core import Request
+from testbed.core import EngineCore, Request, StepResult
 from testbed.engine.cluster import replay_cluster, worker_args
 from testbed.engine.device import machine_name
 from testbed.engine.draft_model import DraftModelProposer
@@ -45,6 +51,7 @@ from testbed.profiling.probes import IdleProbe
 from testbed.profiling.reference_probe import ReferenceProbe, busy_median, sample_table
 from testbed.sim.run_speed import speed_against, time_per_step
 from testbed.threads import thread_settings
+from testbed.workload import ClosedLoop
 
 
 def run_real(
@@ -57,21 +64,34 @@ def run_real(
     engine's fields of ``metrics.json``."""
     args = engine_args(cfg)
     model = engine_model(run_model(cfg))
+    clients = max_concurrency(cfg)
+    closed = {"trace_max_concurrency": clients} if clients is not None else {}
     if cfg.cluster.num_replicas > 1 or cfg.cluster.num_prefill > 0:
-        return run_cluster(cfg, args, model, requests, spec, on_progress)
+        result, extra = run_cluster(cfg, args, model, requests, spec, on_progress)
+        return result, {**closed, **extra}
     engine, executor, _ = build_engine(args, model=model)
     probe = IdleProbe(args, executor) if cfg.mode.idle_probe else None
     reference = None
     if cfg.hardware.reference_cpus:
         reference = ReferenceProbe(args, model, list(cfg.hardware.reference_cpus))
+    driven, first, loop = engine, requests, None
+    if clients is not None:
+        loop = ClosedLoop(enumerate(requests), clients)
+        first = [req for _, req in loop.send(0.0)]
+        driven = ClosedLoopEngine(engine, loop)
     with reference or contextlib.nullcontext():
-        result = replay(engine, requests, on_progress, cfg.mode.max_wall_s, idle_probe=probe)
+        result = replay(driven, first, on_progress, cfg.mode.max_wall_s, idle_probe=probe)
+    if loop is not None:
+        for _ in loop.unsent():  # a run stopped part-way: never sent, never arrived
+            pass
+        result.requests = list(requests)
     if reference is not None:  # its samples, each beside how much of the run's steps
         start = result.steps.column("start_s")
         busy = np.column_stack([start, start + result.steps.column("latency_s")])
         result.extra["reference_probe"] = sample_table(reference.samples, busy, engine.clock.origin)
     kv = engine.scheduler.kv
     extra = {
+        **closed,
         "latency_model": "measured",
         "latency_model_source": f"real engine on {executor.device} (torch {torch.__version__})",
         "machine": machine_name(executor.device),
@@ -110,6 +130,40 @@ def run_real(
     return result, extra
 
 
+class ClosedLoopEngine:
+    """An engine as :func:`~testbed.engine.replay.replay` drives it, sending a closed
+    loop's requests: replay adds the first ones, and after each step (or a request
+    refused as it is added) this adds the next request of each client whose last
+    one ended, stamped with that moment (its send time)."""
+
+    def __init__(self, engine: EngineCore, loop: ClosedLoop) -> None:
+        self.engine, self.loop = engine, loop
+        self.clock = engine.clock
+
+    def has_unfinished_requests(self) -> bool:
+        return self.engine.has_unfinished_requests()
+
+    def add_request(self, request: Request) -> bool:
+        if self.engine.add_request(request):
+            return True
+        self._ended([request])
+        return False
+
+    def step(self) -> StepResult:
+        result = self.engine.step()
+        if result.finished:
+            self._ended(result.finished)
+        return result
+
+    def _ended(self, requests: Sequence[Request]) -> None:
+        now = self.clock()
+        for req in requests:
+            self.loop.ended(req, now)
+        for _, req in self.loop.send(now):
+            if not self.engine.add_request(req):
+                self.loop.ended(req, now)  # refused at once: its client sends again now
+
+
 def run_cluster(cfg, args, model, requests, spec, on_progress):
     """Engine processes behind the router (:mod:`testbed.engine.cluster`):
     ``cluster.num_replicas`` colocated, or ``num_prefill`` + ``num_decode``."""
@@ -135,6 +189,7 @@ def run_cluster(cfg, args, model, requests, spec, on_progress):
         faults=kv_faults(cfg) if disagg else None,
         kv_timeout_s=c.kv_transfer_timeout_s,
         kv_backend=c.kv_backend,
+        max_concurrency=max_concurrency(cfg),
     )
     stats = result.extra.pop("replica_stats")
     hits = sum(s.get("prefix_hits", 0) for s in stats)

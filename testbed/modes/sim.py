@@ -19,6 +19,7 @@ from testbed.build import (
     latency_model,
     link_spec,
     machine_speed,
+    max_concurrency,
     pairing,
     policy_config,
     router,
@@ -97,6 +98,7 @@ def simulate(
         fast_forward=cfg.mode.fast_forward,
         on_progress=on_progress,
         max_sim_time_s=cfg.mode.max_sim_time_s,
+        max_concurrency=max_concurrency(cfg),
     )
     if disagg:
         sim = DisaggSimulation(
@@ -138,6 +140,8 @@ def simulate(
         "partial": result.partial,
         "stop_reason": result.stop_reason,
     }
+    if max_concurrency(cfg) is not None:
+        extra["trace_max_concurrency"] = max_concurrency(cfg)
     if disagg:
         extra.update(sim.disagg_metrics(result.duration_s))
     if acceptance is not None:

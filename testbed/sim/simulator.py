@@ -14,6 +14,15 @@ dispatcher route every arrival due by then, so an arrival at time ``t`` is seen
 by every step that starts at or after ``t``, whatever simpy's order of equal-time
 events. Between events, plain decode steps are applied in jumps (see
 ``testbed.core.fast_forward``) with results identical to stepping one by one.
+
+In a closed loop (``max_concurrency`` clients, :class:`ClosedLoopDispatcher`) a
+finish sends its client's next request at the finish's time, and the fast path
+stays exact: the replica that reports a finish routes what it sends before its
+own next step; a jump ends at its first finish; with several replicas, one about
+to step first lets every other whose step ends then report (so what is sent at a
+moment does not hang on simpy's order of equal-time events), and one whose jumps
+a delivery does not cut steps one step at a time (its jump could pass another
+replica's finish, and so a request sent then that a decision reads it for).
 """
 
 from __future__ import annotations
@@ -40,7 +49,7 @@ from testbed.metrics.gaps import PooledGaps
 from testbed.metrics.records import RequestRecords
 from testbed.sim.latency import decode_latencies
 from testbed.sim.speed import SpeedTrace
-from testbed.workload import RequestStream
+from testbed.workload import ClosedLoop, RequestStream
 
 MAX_JUMP = 4096  # steps per jump at most (bounds the arrays built per jump)
 
@@ -70,6 +79,7 @@ class Replica:
         # while one waits to be applied its steps' start times (kv_usage meanwhile
         # counts the blocks of the step under way).
         self.interruptible = False
+        self.jumps = True  # whether the fast path may jump (see the module docstring)
         self.process: simpy.Process | None = None
         self._cuttable = False
         self._plan: np.ndarray | None = None
@@ -108,12 +118,19 @@ class Replica:
         sched = engine.scheduler
         log, latency_model = sim.steps, sim.latency_model
         while True:
+            if sim.settles_ends and sim.ends_pending(self):
+                yield env.timeout(0)  # after theirs: they report their finishes first
+                continue
             sim.dispatcher.dispatch_until(env.now)
             if self.inbox:
+                rejected = False
                 for req in self.inbox:
                     if not engine.add_request(req):
                         self._finished([req])
+                        rejected = True
                 self.inbox.clear()
+                if rejected and sim.closed_loop:
+                    continue  # the rejection freed a client now: send its next first
             if not engine.has_unfinished_requests():
                 if sim.arrivals_done():
                     return
@@ -121,7 +138,7 @@ class Replica:
                 yield self.idle
                 self.idle = None
                 continue
-            if sim.fast_forward and (k := decode_horizon(sched, MAX_JUMP)) > 0:
+            if sim.fast_forward and self.jumps and (k := decode_horizon(sched, MAX_JUMP)) > 0:
                 if self.interruptible:
                     yield from self._cuttable_jump(k, sched, log, latency_model)
                 else:
@@ -157,6 +174,10 @@ class Replica:
             # replica's count, so counting them now is the same as at their time.
             self._finished(finished)
             finished = []
+            if self.sim.closed_loop:  # a client freed at t: its next request arrives then
+                next_arrival = self.sim.next_event_time(self)
+                if t >= next_arrival:
+                    break
             k = decode_horizon(sched, MAX_JUMP)
             if k == 0:
                 break
@@ -187,9 +208,11 @@ class Replica:
         usage, self._plan_usage = self._plan_usage, None
         finished = self._apply_run(times, lat, m, shape, sched, log, usage)
         end = times[m]
+        self.step_end, self.finishing = end, bool(finished)
         while env.now < end:  # the step under way (a delivery: read as it ends)
             with contextlib.suppress(simpy.Interrupt):
                 yield env.timeout(delay_to(env.now, end))
+        self.step_end, self.finishing = math.inf, False
         if finished:
             self._finished(finished)
 
@@ -289,6 +312,10 @@ class Dispatcher:
             self._next = None
             yield from self._source
 
+    def ended(self, requests: Sequence[Request], now: float) -> None:
+        """Requests that ended for their users, reported at ``now`` (an open loop's
+        arrivals do not depend on them)."""
+
     def run(self):
         env = self.sim.env
         while not self.done:
@@ -296,9 +323,60 @@ class Dispatcher:
             if delay > 0:
                 yield env.timeout(delay)
             self.dispatch_until(env.now)
-        for rep in self.sim.replicas:  # let idle replicas see that arrivals are over
+        self.wake_idle()
+
+    def wake_idle(self) -> None:
+        """Let idle replicas see that arrivals are over."""
+        for rep in self.sim.replicas:
             if rep.idle is not None and not rep.idle.triggered:
                 rep.idle.succeed()
+
+
+class ClosedLoopDispatcher(Dispatcher):
+    """Hands a closed loop's requests to the cluster core as clients free
+    (:class:`~testbed.workload.ClosedLoop`): the first ``max_concurrency`` at 0,
+    each later one when a request ends (reported through :meth:`ended`). The
+    replica that reports an end reaches its next step at that end's time and
+    routes what is due first, so this process only sends the first ones and,
+    once every request is sent, lets idle replicas see it."""
+
+    def __init__(
+        self, sim: Simulation, requests: Sequence[Request] | RequestStream, max_concurrency: int
+    ) -> None:
+        self.sim = sim
+        rows = requests.in_rows() if isinstance(requests, RequestStream) else enumerate(requests)
+        self.loop = ClosedLoop(rows, max_concurrency)
+        self.in_flight: dict[str, tuple[int, Request]] = {}
+        self._all_sent: simpy.Event | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.loop.done
+
+    @property
+    def next_arrival_time(self) -> float:
+        return self.loop.next_time
+
+    def dispatch_until(self, now: float) -> None:
+        for row, req in self.loop.send(now):
+            self.in_flight[req.request_id] = (row, req)
+            self.sim.route(req, now)
+        if self.loop.done and self._all_sent is not None and not self._all_sent.triggered:
+            self._all_sent.succeed()
+
+    def undispatched(self):
+        return self.loop.unsent()
+
+    def ended(self, requests: Sequence[Request], now: float) -> None:
+        for req in requests:
+            self.loop.ended(req, now)
+
+    def run(self):
+        self.dispatch_until(self.sim.env.now)
+        if not self.done:
+            self._all_sent = self.sim.env.event()
+            yield self._all_sent
+        self.wake_idle()
 
 
 class Simulation:
@@ -320,9 +398,12 @@ class Simulation:
         on_progress: Callable[[float, int], None] | None = None,
         max_sim_time_s: float | None = None,
         keep_tokens: bool = False,
+        max_concurrency: int | None = None,
     ) -> None:
         """``keep_tokens``: keep each finished request's token times and stand-in
-        output (tests compare them) instead of only their counts and pooled gaps."""
+        output (tests compare them) instead of only their counts and pooled gaps.
+        ``max_concurrency``: send the requests in a closed loop of that many
+        clients, in their order (None: at their arrival times)."""
         self.env = simpy.Environment()
         self.keep_tokens = keep_tokens
         streamed = isinstance(requests, RequestStream)
@@ -338,13 +419,20 @@ class Simulation:
         self.max_sim_time_s = max_sim_time_s
         clock = lambda: self.env.now  # noqa: E731
         self.replicas = [Replica(self, i, make_engine(i, clock)) for i in range(num_replicas)]
-        self.dispatcher = Dispatcher(self, self.requests)
+        self.closed_loop = max_concurrency is not None
+        if self.closed_loop:
+            self.dispatcher = ClosedLoopDispatcher(self, self.requests, max_concurrency)
+        else:
+            self.dispatcher = Dispatcher(self, self.requests)
+        # Whether a replica waits, before it steps, for other replicas' ends at that time.
+        self.settles_ends = self.closed_loop and num_replicas > 1
         self.core = self.make_core(router or RoundRobin())
         # A replica that decisions read only through counts and KV usage (read
         # from the planned steps) need not stop its jumps for an arrival that may
         # go elsewhere: one delivered to it cuts them.
         for rep in self.replicas:
             rep.interruptible = self.core.cut_by_delivery(rep.index)
+            rep.jumps = not (self.settles_ends and not rep.interruptible)
         if fast_forward:  # what the policy's hooks cost the jumps, said once per class
             warn_of_costs(self.replicas[0].engine.scheduler.policy)
 
@@ -377,6 +465,11 @@ class Simulation:
         """Whether no request will reach a replica any more."""
         return self.dispatcher.done and self.core.idle
 
+    def ends_pending(self, replica: Replica) -> bool:
+        """Whether another replica's step (or jump) ends now and has not reported."""
+        now = self.env.now
+        return any(rep.step_end <= now for rep in self.replicas if rep is not replica)
+
     def next_event_time(self, replica: Replica) -> float:
         """The earliest time anything outside ``replica`` may look at it or change
         it (for one whose jumps a delivery cuts: change it otherwise): its fast
@@ -397,6 +490,7 @@ class Simulation:
         """Count them, pool the finished ones' token gaps and keep only counts of
         their tokens (memory stays per request, not per token)."""
         self.num_finished += len(finished)
+        self.dispatcher.ended(finished, self.env.now)
         in_flight = self.dispatcher.in_flight
         for req in finished:
             if req.status in SERVED:
@@ -435,6 +529,9 @@ class Simulation:
             for row, req in [*self.dispatcher.in_flight.values(), *self.dispatcher.undispatched()]:
                 self.records.add(req, row)
             self.dispatcher.in_flight.clear()
+        elif self.closed_loop:
+            for _ in self.dispatcher.undispatched():  # never sent: marked as never arrived
+                pass
         return RunResult(
             requests=self.records if self.records is not None else self.requests,
             steps=self.steps,
