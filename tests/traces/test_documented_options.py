@@ -62,6 +62,9 @@ VALUES = {
     "max_clients": ("2", 2),
     "lengths_from": ("arxiv", "arxiv"),
     "path": ("mine.csv", "mine.csv"),
+    "max_concurrency": ("4", 4),
+    "prompt_tokens": ("300", 300),
+    "output_tokens": ("20", 20),
 }
 
 

@@ -19,6 +19,8 @@ def test_every_name_loads(name, shared, tmp_path):
     options: dict = {"max_model_len": 4096}
     if name == "csv":
         options["path"] = export_csv(synthetic_trace(num_requests=20), tmp_path / "t.csv")
+    elif name == "concurrency":
+        options["max_concurrency"] = 4
     elif name != "synthetic":
         shared(_FILES[name])
         if name.startswith("servegen_"):
@@ -33,7 +35,7 @@ def test_every_name_loads(name, shared, tmp_path):
 
 
 def test_every_name_is_covered():
-    assert set(TRACE_NAMES) == {*_FILES, "synthetic", "csv"}
+    assert set(TRACE_NAMES) == {*_FILES, "synthetic", "csv", "concurrency"}
 
 
 def test_generic_options_apply_in_documented_order(shared):
