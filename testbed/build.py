@@ -30,7 +30,6 @@ from testbed.errors import InputError
 from testbed.hardware import HardwareSpec
 from testbed.models import (
     PROJECT_ROOT,
-    GPUMemory,
     ModelSpec,
     ResolvedModel,
     num_kv_blocks,
@@ -38,6 +37,7 @@ from testbed.models import (
     same_folder,
 )
 from testbed.sim.acceptance import AcceptanceModel, acceptance_table_path
+from testbed.sim.gpu_model import Parallelism, replica_memory
 from testbed.sim.latency import LatencyModel
 from testbed.sim.link import LinkSpec
 from testbed.sim.predictor import make_latency_model
@@ -84,6 +84,15 @@ def hardware_spec(cfg: DictConfig) -> HardwareSpec:
     return HardwareSpec.from_config(cfg.hardware)
 
 
+def parallelism(engine: Mapping[str, Any]) -> Parallelism:
+    """How one replica spans GPUs (``engine.tensor_parallel_size`` x
+    ``engine.pipeline_parallel_size``); bad values refused naming the field."""
+    try:
+        return Parallelism(engine["tensor_parallel_size"], engine["pipeline_parallel_size"])
+    except ValueError as e:
+        raise InputError(str(e)) from e
+
+
 def kv_blocks(
     engine: Mapping[str, Any],
     spec: ModelSpec,
@@ -92,19 +101,20 @@ def kv_blocks(
     kv_cache_bytes: float | None,
 ) -> int:
     """The engine's KV blocks: as configured, else a fixed budget (``engine.kv_cache_bytes``,
-    else the hardware's ``kv_cache_bytes``), else what the hardware's memory leaves, by
+    else the hardware's ``kv_cache_bytes``), else what the replica's GPUs leave, by
     the real engine's formula with the spec sheet's memory and activation peak
-    (``activation_reserve_bytes``) and the model's weights."""
+    (``activation_reserve_bytes``) per GPU and the model's weights, the KV heads
+    replicated where a replica has more tensor-parallel ranks than KV heads."""
     if engine["num_kv_blocks"]:
         return int(engine["num_kv_blocks"])
-    memory = GPUMemory(
-        hw.memory_bytes,
-        engine["gpu_memory_utilization"],
-        spec.weight_bytes(dtype),
-        hw.activation_reserve_bytes,
-    )
+    parallel = parallelism(engine)
+    memory = replica_memory(spec, hw, dtype, engine["gpu_memory_utilization"], parallel)
     return num_kv_blocks(
-        spec, dtype, engine["block_size"], engine["kv_cache_bytes"] or kv_cache_bytes, memory
+        parallel.kv_spec(spec),
+        dtype,
+        engine["block_size"],
+        engine["kv_cache_bytes"] or kv_cache_bytes,
+        memory,
     )
 
 
@@ -208,12 +218,7 @@ def draft_latency_model(cfg: DictConfig) -> LatencyModel | None:
         if not path.exists():
             raise InputError(f"engine.speculative.draft_profile={where}: no such file")
         return ProfileModel(path)
-    return make_latency_model(
-        profiled_draft(cfg).spec(),
-        hardware_spec(cfg),
-        cfg.model.dtype,
-        in_project(cfg.profiles_dir),
-    )
+    return _latency_model(cfg, profiled_draft(cfg).spec())
 
 
 def profiled_draft(cfg: DictConfig) -> ResolvedModel | None:
@@ -281,12 +286,27 @@ def engine_args(cfg: DictConfig) -> EngineArgs:
 
 
 def latency_model(cfg: DictConfig, spec: ModelSpec | None = None) -> LatencyModel:
-    """The simulator's latency model for this config: the profile of its hardware
-    and model where one exists, else the roofline model."""
+    """The simulator's latency model for this config (``mode.latency_model``; auto: the
+    profile of its hardware and model where one exists, else the GPU operator model
+    where the hardware has measured operator times, else the roofline model)."""
     spec = spec or model_spec(cfg.model)
-    return make_latency_model(
-        spec, hardware_spec(cfg), cfg.model.dtype, in_project(cfg.profiles_dir)
-    )
+    return _latency_model(cfg, spec)
+
+
+def _latency_model(cfg: DictConfig, spec: ModelSpec) -> LatencyModel:
+    """:func:`make_latency_model` for ``spec`` on the run's hardware, replica shape and
+    ``mode.latency_model`` choice; a model or split it cannot price is an InputError."""
+    try:
+        return make_latency_model(
+            spec,
+            hardware_spec(cfg),
+            cfg.model.dtype,
+            in_project(cfg.profiles_dir),
+            parallelism(cfg.engine),
+            cfg.mode.get("latency_model", "auto"),
+        )
+    except ValueError as e:
+        raise InputError(str(e)) from e
 
 
 def _cluster_policy(cfg: DictConfig, key: str, make):

@@ -96,6 +96,11 @@ class EngineConfig:
     speculative: SpeculativeOptions = field(default_factory=SpeculativeOptions)
     # The real engine's attention: auto (Triton on CUDA, else torch) | triton | torch.
     attention_backend: str = "auto"
+    # GPUs a replica spans (vLLM's names): its layers' matrices split across
+    # tensor_parallel_size ranks, its layers across pipeline_parallel_size stages.
+    # The simulator prices both; the real engine runs one device per replica.
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
 
 
 @dataclass
@@ -149,6 +154,11 @@ class SimMode:
     latency_scale: float = 1.0
     # A CSV of start_s,speed: each step starting then lasts speed x its prediction.
     speed_trace: str | None = None
+    # Which model predicts step latencies: auto (the measured profile of the
+    # hardware and model where one exists for a one-GPU replica, else the GPU
+    # operator model where the hardware has measured operator times, else the
+    # roofline) | profile | operators | roofline.
+    latency_model: str = "auto"
 
 
 @dataclass

@@ -23,7 +23,7 @@ from testbed.capacity import scaled_to_load
 from testbed.config_schema import validate
 from testbed.errors import InputError
 from testbed.metrics.records import requests_frame
-from testbed.metrics.summary import summarize
+from testbed.metrics.summary import per_gpu, summarize
 from testbed.modes.sim import simulate
 from testbed.report.console import print_summary
 from testbed.report.plots import timeline, write_plots
@@ -109,6 +109,7 @@ def run_claimed(cfg: DictConfig, run_dir: Path, wall_start: float) -> dict[str, 
             **load,
             **extra,
         }
+        metrics |= per_gpu(metrics)
     except BaseException as e:
         if wandb is not None:
             wandb.abandon(f"{type(e).__name__}: {e}")
@@ -160,7 +161,7 @@ def run_fields(cfg: DictConfig, model: str, trace: pd.DataFrame) -> dict[str, An
         "trace": trace_label(cfg),
         "model": model,
         "hardware": cfg.hardware.name,
-        **cluster_shape(cfg.cluster),
+        **cluster_shape(cfg.cluster, cfg.engine),
         "seed": cfg.seed,
         "trace_notes": "; ".join(trace.attrs.get("notes", [])),
     }
@@ -176,12 +177,17 @@ def trace_label(cfg: DictConfig) -> str:
     return cfg.trace.name
 
 
-def cluster_shape(cluster: DictConfig) -> dict[str, Any]:
+def cluster_shape(cluster: DictConfig, engine: DictConfig) -> dict[str, Any]:
     """The cluster's replicas and router: a disaggregated one's prefill and decode
-    replicas (``num_replicas`` their sum), its pairing and decider."""
+    replicas (``num_replicas`` their sum), its pairing and decider; the GPUs a
+    replica spans (tensor x pipeline parallel) and all of them (``num_gpus``)."""
     disagg = cluster.num_prefill > 0
+    tp, pp = engine.tensor_parallel_size, engine.pipeline_parallel_size
     shape: dict[str, Any] = {
         "num_replicas": num_engines(cluster),
+        "tensor_parallel_size": tp,
+        "pipeline_parallel_size": pp,
+        "num_gpus": num_engines(cluster) * tp * pp,
         "router": cluster.router,
         "disaggregated": disagg,
     }

@@ -129,6 +129,8 @@ def simulate(
     extra = {
         "latency_model": latency.kind,
         "latency_model_source": latency.source,
+        # which source priced each part of a step (the GPU operator model's parts)
+        **{f"latency_source_{part}": src for part, src in getattr(latency, "sources", {}).items()},
         "latency_scale": cfg.mode.latency_scale,
         "speed_trace": trace.describe() if trace is not None else None,
         "num_kv_blocks": blocks,
