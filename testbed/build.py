@@ -109,13 +109,20 @@ def kv_blocks(
         return int(engine["num_kv_blocks"])
     parallel = parallelism(engine)
     memory = replica_memory(spec, hw, dtype, engine["gpu_memory_utilization"], parallel)
-    return num_kv_blocks(
-        parallel.kv_spec(spec),
-        dtype,
-        engine["block_size"],
-        engine["kv_cache_bytes"] or kv_cache_bytes,
-        memory,
-    )
+    try:
+        return num_kv_blocks(
+            parallel.kv_spec(spec),
+            dtype,
+            engine["block_size"],
+            engine["kv_cache_bytes"] or kv_cache_bytes,
+            memory,
+        )
+    except ValueError as e:  # the replica is too small for the model
+        raise InputError(
+            f"hardware={hw.name} engine.tensor_parallel_size={parallel.tensor} "
+            f"engine.pipeline_parallel_size={parallel.pipeline} "
+            f"({parallel.num_gpus} GPU(s) a replica): {e}"
+        ) from e
 
 
 # --- the engine ---

@@ -303,7 +303,13 @@ def summarize(result: RunResult, df: pd.DataFrame | None = None) -> dict[str, fl
     return m
 
 
-PER_GPU = ("throughput_req_s", "throughput_output_tok_s", "throughput_total_tok_s", "goodput_req_s")
+PER_GPU = (
+    "throughput_req_s",
+    "throughput_output_tok_s",
+    "throughput_total_tok_s",
+    "goodput_req_s",
+    "capacity_req_s",
+)
 
 
 def per_gpu(metrics: dict[str, Any]) -> dict[str, float]:

@@ -31,6 +31,7 @@ already include a prefill kernel's own traffic.
 from __future__ import annotations
 
 import json
+from bisect import bisect_right
 from pathlib import Path
 
 import numpy as np
@@ -56,10 +57,17 @@ class AttentionKernel:
         prefill = _entry(data, "prefill_curves", entry["prefill"], path)
         decode = _entry(data, "decode_curves", entry["decode"], path)
         self._p = float(data["combine_exponent"])
+        # Achieved FLOP/s (a fraction of peak) against log causal length.
         self._log_len, self._eff = _prefill_table(prefill, path)
-        # Decode tables: (log ideal time, log kernel time), one request and batched.
+        self._prefill = Curve(self._log_len, self._eff)
+        # Decode curves: log kernel time against log ideal time, one request and
+        # batched; past their last point the time grows as the ideal does (the last
+        # utilisation), below their first it stays (the launch floor).
         self._log_t1, self._log_T1 = _decode_table(decode, {"batch_1": 1}, path)
         self._log_tb, self._log_Tb = _decode_table(decode, {"batch_16": 16, "batch_64": 64}, path)
+        self._one_request = Curve(self._log_t1, self._log_T1)
+        self._batched = Curve(self._log_tb, self._log_Tb)
+        self._last1, self._lastb = float(self._log_t1[-1]), float(self._log_tb[-1])
         self.source = (
             f"attention on {gpu}: {prefill['kernel']} prefill ({_title(data, prefill)}), "
             f"decode bandwidth ({_title(data, decode)}); {entry['scaling']}"
@@ -84,42 +92,86 @@ class AttentionKernel:
         ``num_tokens`` tokens (scalars) with ``attn_pairs`` query-key pairs, ``kv_tokens``
         keys read in all and ``max_kv`` by the longest request (scalars or float64 arrays:
         an array gives, element by element, exactly what the scalar call gives)."""
-        scalar = not any(
-            isinstance(x, np.ndarray) and x.ndim for x in (attn_pairs, kv_tokens, max_kv)
-        )
+        per_token = float(2 * num_kv_heads * head_dim * dtype_bytes) / mem_bandwidth
+        per_pair = 4.0 * num_heads * head_dim
+        if not any(isinstance(x, np.ndarray) and x.ndim for x in (attn_pairs, kv_tokens, max_kv)):
+            if num_tokens <= 0 or num_reqs <= 0:
+                return 0.0
+            return self._one(
+                num_reqs, num_tokens, float(attn_pairs), float(kv_tokens), float(max_kv),
+                per_pair / peak_flops, per_token,
+            )  # fmt: skip
         pairs = np.asarray(attn_pairs, dtype=np.float64)
         kv = np.asarray(kv_tokens, dtype=np.float64)
+        longest = np.asarray(max_kv, dtype=np.float64)
         if num_tokens <= 0 or num_reqs <= 0:
-            out = np.zeros(np.broadcast(pairs, kv, np.asarray(max_kv)).shape)
-            return float(out) if scalar else out
-        p = self._p
-        length = np.maximum(pairs * (2.0 / num_tokens), 1.0)
-        eff = np.interp(np.log(length), self._log_len, self._eff)
-        t_compute = pairs * (4.0 * num_heads * head_dim) / (eff * peak_flops)
+            return np.zeros(np.broadcast(pairs, kv, longest).shape)
+        return self._many(
+            num_reqs, num_tokens, pairs, kv, longest, per_pair / peak_flops, per_token
+        )
 
-        per_token = float(2 * num_kv_heads * head_dim * dtype_bytes) / mem_bandwidth
-        log_ideal = np.log(np.maximum(kv * per_token, 1e-12))
+    # The two paths below do the same float operations in the same order (numpy's
+    # ufuncs for log, exp and power, on a number or an array alike; the curves'
+    # own interpolation), so an array's elements equal the numbers' results.
+
+    def _one(self, num_reqs, num_tokens, pairs, kv, longest, s_per_pair, per_token) -> float:
+        p = self._p
+        length = max(pairs * (2.0 / num_tokens), 1.0)
+        t_compute = pairs * s_per_pair / self._prefill.at(float(np.log(length)))
+        log_ideal = float(np.log(max(kv * per_token, 1e-12)))
         if num_reqs == 1:
-            log_T = self._decode(log_ideal, self._log_t1, self._log_T1)
+            log_T = self._one_request.at(log_ideal) + max(log_ideal - self._last1, 0.0)
         else:
             # The batched curve by total bytes (the published batches collapse onto it),
             # but no faster than the longest request would run alone.
-            longest = np.asarray(max_kv, dtype=np.float64)
+            log_longest = float(np.log(max(longest * per_token, 1e-12)))
+            log_T = max(
+                self._batched.at(log_ideal) + max(log_ideal - self._lastb, 0.0),
+                self._one_request.at(log_longest) + max(log_longest - self._last1, 0.0),
+            )
+        return float(np.power(np.power(t_compute, p) + np.exp(log_T * p), 1.0 / p))
+
+    def _many(self, num_reqs, num_tokens, pairs, kv, longest, s_per_pair, per_token):
+        p = self._p
+        length = np.maximum(pairs * (2.0 / num_tokens), 1.0)
+        t_compute = pairs * s_per_pair / self._prefill.many(np.log(length))
+        log_ideal = np.log(np.maximum(kv * per_token, 1e-12))
+        if num_reqs == 1:
+            log_T = self._one_request.many(log_ideal) + np.maximum(log_ideal - self._last1, 0.0)
+        else:
             log_longest = np.log(np.maximum(longest * per_token, 1e-12))
             log_T = np.maximum(
-                self._decode(log_ideal, self._log_tb, self._log_Tb),
-                self._decode(log_longest, self._log_t1, self._log_T1),
+                self._batched.many(log_ideal) + np.maximum(log_ideal - self._lastb, 0.0),
+                self._one_request.many(log_longest) + np.maximum(log_longest - self._last1, 0.0),
             )
-        # Ufuncs only (np.power, not **): on numpy scalars ** takes a scalar path whose
-        # last bit can differ from the array loop's.
-        out = np.power(np.power(t_compute, p) + np.exp(log_T * p), 1.0 / p)
-        return float(out) if scalar else out
+        # Ufuncs only (np.power, not **): ** on numpy scalars can differ in the last bit.
+        return np.power(np.power(t_compute, p) + np.exp(log_T * p), 1.0 / p)
 
-    @staticmethod
-    def _decode(log_ideal, log_t, log_T):
-        """Kernel time (log) at an ideal time (log): the published curve, its first
-        point's time below it (the launch floor), its last utilisation above it."""
-        return np.interp(log_ideal, log_t, log_T) + np.maximum(log_ideal - log_t[-1], 0.0)
+
+class Curve:
+    """Piecewise-linear ``y(x)``, flat beyond its ends, evaluated by the same float
+    operations on a number (:meth:`at`) or an array (:meth:`many`)."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray) -> None:
+        x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+        if len(x) < 2 or not (np.diff(x) > 0).all():
+            raise ValueError(f"a curve needs 2+ points at increasing x, got {x.tolist()}")
+        self.x, self.y, self.slope = x, y, np.diff(y) / np.diff(x)
+        self._x, self._y, self._slope = x.tolist(), y.tolist(), self.slope.tolist()
+
+    def at(self, v: float) -> float:
+        xs = self._x
+        if v <= xs[0]:
+            return self._y[0]
+        if v >= xs[-1]:
+            return self._y[-1]
+        j = bisect_right(xs, v) - 1
+        return self._y[j] + (v - xs[j]) * self._slope[j]
+
+    def many(self, v: np.ndarray) -> np.ndarray:
+        j = np.clip(np.searchsorted(self.x, v, side="right") - 1, 0, len(self.x) - 2)
+        y = self.y[j] + (v - self.x[j]) * self.slope[j]
+        return np.where(v <= self.x[0], self.y[0], np.where(v >= self.x[-1], self.y[-1], y))
 
 
 def _entry(data: dict, table: str, name: str, path: Path) -> dict:

@@ -181,3 +181,37 @@ def test_a_replicas_kv_cache_is_what_all_its_gpus_leave():
     tp16 = Parallelism(16)
     assert tp16.kv_spec(s).kv_bytes_per_token("bfloat16") == 2 * s.kv_bytes_per_token("bfloat16")
     assert replace(s, num_kv_heads=8) == tp8.kv_spec(s)
+
+
+def test_a_tensor_parallel_cluster_reports_per_gpu_figures_and_its_sources(tmp_path):
+    from tests.sim.helpers import run
+
+    m = run(
+        tmp_path,
+        "model=llama3-70b",
+        "hardware=h100",
+        "engine.tensor_parallel_size=4",
+        "cluster=replicas4",
+        "cluster.num_replicas=2",
+        "trace.num_requests=40",
+        "trace.rate=4",
+    )
+    assert (m["num_gpus"], m["tensor_parallel_size"], m["latency_model"]) == (8, 4, "operators")
+    assert m["throughput_output_tok_s_per_gpu"] == m["throughput_output_tok_s"] / 8
+    assert m["goodput_req_s_per_gpu"] == m["goodput_req_s"] / 8
+    assert "Llama-2-70b" in m["latency_source_linear"]  # the same layer shape, measured
+    assert "NCCL" in m["latency_source_collectives"]
+    # the KV cache of four GPUs' memory, less the weights once
+    s, hw = spec("llama3-70b"), spec_sheet("h100")
+    left = 4 * 80e9 * 0.9 - s.weight_bytes("bfloat16") - 4 * hw.activation_reserve_bytes
+    assert m["num_kv_blocks"] == int(left // (16 * s.kv_bytes_per_token("bfloat16")))
+
+
+def test_a_replica_whose_weights_leave_no_kv_cache_is_refused(tmp_path):
+    from testbed.errors import InputError
+    from tests.sim.helpers import run
+
+    with pytest.raises(InputError, match="no room for a KV cache"):
+        run(tmp_path, "model=llama3-70b", "hardware=h100", "engine.tensor_parallel_size=2")
+    with pytest.raises(InputError, match="attention heads"):
+        run(tmp_path, "model=llama3-70b", "hardware=h100", "engine.tensor_parallel_size=3")
