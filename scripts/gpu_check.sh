@@ -11,7 +11,10 @@
 #   2. the kernel benchmark (decode bandwidth against the card's, prefill against
 #      SDPA), the decode step of the Llama-3-8B shape against its memory roofline
 #      (batches 1-256: where small batches sit far from it, the host bounds them),
-#      and nano-vllm's workload (256 requests, inputs and outputs in [100, 1024])
+#      one layer's operators (GEMMs, norms, rope, SiLU-and-mul, add, the Triton
+#      decode kernel) on the Llama-2-7B and Llama-3-8B shapes against the
+#      simulator's GPU operator model (benchmarks/gpu_operators.py), and nano-vllm's
+#      workload (256 requests, inputs and outputs in [100, 1024])
 #      on the Qwen3-0.6B shape against transformers (on 64 of the requests), and
 #      the same model at 512 in / 128 out, where vLLM reports 12.1K tok/s on an H100
 #   3. the profiler (its gpu grid, no point started after 90 s of it, so that the
@@ -32,7 +35,7 @@
 # without them. Where .devsite/site exists its packages (copies of hydra, omegaconf, antlr4,
 # simpy: pure Python) go on PYTHONPATH, and .devsite/traces serves as
 # TESTBED_TRACES_DIR (copies of the shared traces; the folder is git-ignored and
-# never committed; scripts/prepare_devsite.sh makes it). Writes at most eight
+# never committed; scripts/prepare_devsite.sh makes it). Writes at most nine
 # files into OUT_DIR: run.log (everything printed), <hardware>-llama3-8b.csv (or,
 # stopped at its limit, the points it measured: <hardware>-llama3-8b.partial.csv),
 # fidelity.tgz and the benchmarks' JSON. Commit the JSON with the date and device
@@ -97,6 +100,8 @@ if [[ $PARTS == *,bench,* ]]; then
   step "kernels" 50 "$PY" benchmarks/kernels_bench.py --out "$OUT/kernels_bench.json"
   step "decode step, $MODEL shape" 40 "$PY" benchmarks/decode_step.py --model "$MODEL" \
     --batch 1 8 64 256 --context 1024 --out "$OUT/decode_step.json"
+  step "operators against the GPU operator model" 45 "$PY" benchmarks/gpu_operators.py \
+    ${HW:+--hardware "$HW"} --out "$OUT/gpu_operators.json"
   step "nano-vllm's workload on the Qwen3-0.6B shape against transformers" 120 \
     "$PY" benchmarks/engine_throughput.py --model qwen3-0.6b --requests 256 \
     --prompt 100 1024 --output 100 1024 --max-num-seqs 256 --hf-requests 64 --hf-batch 64 \
