@@ -10,7 +10,11 @@ Each point runs the workload it gives as a simulation: a fixed concurrency
 (closed loop: ``trace=concurrency``), one request at a time, a batch all sent
 at once, or a Poisson rate, with the point's lengths (fixed, or a dataset's).
 What a source leaves open takes the engine's defaults for its version
-(:func:`engine_defaults`), recorded with each row. A point's request count is
+(:func:`engine_defaults`), and its engine's CPU overheads by era (:data:`ERAS`);
+a client-side TTFT and E2E hold the front end's :data:`FRONT_END_S` (every
+point but offline batches). ``roofline_before`` is the roofline as the
+simulator had it before this comparison (its entries' old overheads, no eras,
+no front end). Each row records its overrides. A point's request count is
 capped at ``--max-requests`` (steady-state figures change little past it; the
 cap is recorded). Prints the table and the summary (median and largest absolute
 error per figure and model, points beyond 25%); writes ``published.csv``,
@@ -66,9 +70,39 @@ DATASETS = {
         "{dist:lognormal,mean:179,cv:1.0,min:4,max:1024}",
     )
 }
-# vLLM 0.6.0's benchmarks ran with multi-step scheduling (--num-scheduler-steps
-# 10): the scheduler and input preparation run once per 10 steps.
-MULTI_STEP = {"0.6.0": 10}
+# The CPU overheads of a source's engine (seconds per step, per running request),
+# by era, from component measurements (docs/gpu_latency_sources.md): V0 before 0.6;
+# 0.6.x with multi-step scheduling and async output processing; V1 synchronous;
+# V1 with async scheduling (the default from 0.14).
+ERAS = {
+    "v0": (2e-3, 1e-4),
+    "multi_step": (4e-4, 7.5e-6),
+    "v1": (1e-3, 1.5e-5),
+    "v1_async": (2e-4, 1.5e-6),
+}
+# What a client's TTFT holds beyond the engine's (API server, tokenization,
+# streaming: vLLM PR #54628), for points measured through the server.
+FRONT_END_S = 0.010
+OFFLINE = ("offline_batch",)
+
+
+def era(point: dict[str, Any]) -> str:
+    """The engine era of a point: by its version (a V1 blog's 0.7.0 ran V1), else
+    by its source's date."""
+    title = str((point.get("source") or {}).get("title") or "")
+    if point.get("engine_version"):
+        v = version(point)
+        if v >= (0, 14):
+            return "v1_async"
+        if v >= (0, 8) or "V1" in title:
+            return "v1"
+        return "multi_step" if v >= (0, 6) else "v0"
+    date = str((point.get("source") or {}).get("date") or "2025")
+    if date < "2024-09":
+        return "v0"
+    if date < "2025-03":
+        return "multi_step"
+    return "v1" if date < "2026-01" else "v1_async"
 
 
 def version(point: dict[str, Any]) -> tuple[int, int]:
@@ -165,16 +199,11 @@ def point_overrides(point: dict[str, Any], model: str, max_requests: int) -> lis
         engine["max_num_batched_tokens"] = max(longest, hf["max_position_embeddings"], 2048)
     longest = int((w.get("prompt_tokens") or 0) + (w.get("output_tokens") or 0))
     context = [f"model.hf_config.max_position_embeddings={longest}"] if longest > 8192 else []
-    hw = yaml.safe_load((CONF / "hardware" / f"{point['gpu']}.yaml").read_text())
-    step, request = hw["step_overhead_s"], hw["request_overhead_s"]
-    if model == "roofline_before":
+    step, request = ERAS[era(point)]
+    if model == "roofline_before":  # the simulator before this comparison: its own overheads
         step, request = BEFORE_OVERHEADS.get(point["gpu"], BEFORE_DEFAULT)
         model = "roofline"
-    steps = MULTI_STEP.get(str(point.get("engine_version")), 1)
-    overheads = [
-        f"hardware.step_overhead_s={step / steps}",
-        f"hardware.request_overhead_s={request / steps}",
-    ]
+    overheads = [f"hardware.step_overhead_s={step}", f"hardware.request_overhead_s={request}"]
     return [
         "mode=sim",
         f"mode.latency_model={model}",
@@ -193,8 +222,9 @@ def point_overrides(point: dict[str, Any], model: str, max_requests: int) -> lis
     ]
 
 
-def predicted(point: dict[str, Any], metrics: dict[str, Any]) -> dict[str, float]:
-    """The metrics' values of the figures the point measured, in its units."""
+def predicted(point: dict[str, Any], metrics: dict[str, Any], front_end_s: float) -> dict:
+    """The metrics' values of the figures the point measured, in its units; a
+    client's TTFT and E2E hold ``front_end_s`` more than the engine's."""
     stats = point.get("statistic") or {}
     out = {}
     for figure in point["measured"]:
@@ -202,8 +232,17 @@ def predicted(point: dict[str, Any], metrics: dict[str, Any]) -> dict[str, float
         if figure in TOTALS:
             out[figure] = metrics[stem] * scale
         else:
-            out[figure] = metrics[f"{stem}_{STATISTIC.get(stats.get(figure), 'mean')}"] * scale
+            value = metrics[f"{stem}_{STATISTIC.get(stats.get(figure), 'mean')}"]
+            if stem in ("ttft_s", "e2e_s"):
+                value += front_end_s
+            out[figure] = value * scale
     return out
+
+
+def front_end(point: dict[str, Any], model: str) -> float:
+    """The front end's share of a client's TTFT: none offline, nor before this comparison."""
+    offline = point["workload"]["kind"] in OFFLINE
+    return 0.0 if offline or model == "roofline_before" else FRONT_END_S
 
 
 def summary(rows: pd.DataFrame) -> pd.DataFrame:
@@ -269,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
             run_dir = a.out / "runs" / f"{point['id']}-{model}"
             try:
                 m = run_from_config(compose_config(overrides), run_dir)
-                pred, note = predicted(point, m), ""
+                pred, note = predicted(point, m, front_end(point, model)), ""
             except Exception as e:  # a point the model cannot price: kept, with why
                 pred, note = {f: math.nan for f in point["measured"]}, f"{type(e).__name__}: {e}"
             for figure, value in point["measured"].items():
@@ -280,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
                         model=point["model"],
                         tp=point.get("tensor_parallel_size", 1),
                         kind=point["workload"]["kind"],
+                        era=era(point),
                         figure=figure,
                         latency_model=model,
                         measured=float(value),

@@ -62,6 +62,13 @@ ANALYTIC_COLLECTIVE_LATENCY_S = 20e-6
 CUSTOM_ALL_REDUCE_S = {2: 6e-6, 4: 7e-6, 8: 9e-6}
 CUSTOM_ALL_REDUCE_S_PER_BYTE = 8e-6 / 2**20
 CUSTOM_ALL_REDUCE_MAX_BYTES = 8 * 2**20
+# vLLM's fused MoE kernel (routing, both expert GEMMs, activation, sum) at decode
+# batches: a fixed cost by GPU plus the touched experts' weights read at this share
+# of the HBM bandwidth, from published benchmark_moe.py times (vLLM PR #24700 on
+# H100, #19049 on A100; docs/gpu_latency_sources.md). Large batches are priced by
+# their GEMMs' FLOPs instead, whichever is longer.
+MOE_KERNEL_FIXED_S = {"h100": 25e-6, "a100": 55e-6}
+MOE_BANDWIDTH_SHARE = 0.85
 ATTENTION_SIDE_OPS = ("qkv", "o", "input_norm", "post_norm", "rope", "add")
 
 
@@ -240,7 +247,11 @@ class GPUStepModel:
         linear = self.layer.source if not m.is_moe else f"{self.layer.source} (attention side)"
         out = {"linear": linear, "lm_head": fitted, "attention": self.attention.source}
         if m.is_moe:
-            out["moe"] = f"{fitted}; expected distinct experts under uniform routing"
+            out["moe"] = (
+                "vLLM fused MoE kernel: published benchmark_moe fixed cost + touched experts at "
+                f"{MOE_BANDWIDTH_SHARE:.0%} of bandwidth, or {fitted}; expected distinct "
+                "experts under uniform routing"
+            )
         if self.parallel.num_gpus > 1:
             out["collectives"] = self.collective.source
         if self.parallel.pipeline > 1:
@@ -309,28 +320,29 @@ class GPUStepModel:
         return e * (1.0 - (1.0 - k / e) ** tokens)
 
     def _moe_mlp_s(self, tokens: int) -> float:
-        """One MoE layer's MLP on one rank: router, routed and shared experts."""
+        """One MoE layer's MLP on one rank: the router's GEMM, the fused experts
+        kernel (reading the touched experts, or computing ``tokens x top-k`` rows,
+        whichever is longer) and the shared experts."""
         m, tp = self.model, self.tp
         h, k = m.hidden_size, m.num_experts_per_tok
         width = m.moe_intermediate_size // tp
         rows = tokens * k
         compute = self._gemm_s(rows, h, 2 * width) + self._gemm_s(rows, width, h)
-        read = self.experts_touched(tokens) * 3 * h * width * self.bytes / self._gemv_bandwidth
-        experts = max(compute, read)
+        compute += self._elementwise_s(rows, width, "act")
+        touched = self.experts_touched(tokens) * 3 * h * width * self.bytes
+        read = self._moe_fixed_s + touched / (MOE_BANDWIDTH_SHARE * self.hw.mem_bandwidth)
         shared = m.shared_expert_intermediate_size // tp
-        shared_s = (
-            self._gemm_s(tokens, h, 2 * shared) + self._gemm_s(tokens, shared, h) if shared else 0.0
-        )
-        act = self._elementwise_s(rows, width, "act") + (
-            self._elementwise_s(tokens, shared, "act") if shared else 0.0
-        )
-        return self._gemm_s(tokens, h, m.num_experts) + experts + shared_s + act
+        shared_s = 0.0
+        if shared:
+            shared_s = self._gemm_s(tokens, h, 2 * shared) + self._gemm_s(tokens, shared, h)
+            shared_s += self._elementwise_s(tokens, shared, "act")
+        return self._gemm_s(tokens, h, m.num_experts) + max(compute, read) + shared_s
 
     @cached_property
-    def _gemv_bandwidth(self) -> float:
-        """Bytes/s the fitted curve achieves reading a large matrix (one row)."""
-        k, n = 8192, 8192
-        return k * n * self.bytes / self._gemm_s(1, k, n)
+    def _moe_fixed_s(self) -> float:
+        return MOE_KERNEL_FIXED_S[
+            self.base.name if self.base.name in MOE_KERNEL_FIXED_S else "h100"
+        ]
 
     def fixed_s(self, num_reqs: int, num_tokens: int) -> float:
         """Everything of a step but attention: it depends on its requests and tokens only."""
