@@ -1,7 +1,8 @@
 """Simulator speed on GPU deployments: a whole trace simulated with the operator
 model for Llama-3-8B TP1, Llama-3-70B TP4 and Mixtral-8x7B TP2 on H100, against
 the roofline's Llama-3-8B TP1 (the simulator's GPU pricing before the operator
-model), optionally also as a baseline checkout runs it.
+model) and the roofline's run of the same deployments, optionally also as a
+baseline checkout runs it.
 
     python -m benchmarks.gpu_sim_speed [--trace azure_conv] [--repeats 2]
         [--baseline <checkout of an older commit>] [--out outputs/gpu_sim_speed]
@@ -27,6 +28,19 @@ CONFIGS = {
     "operators llama3-8b TP1": ["model=llama3-8b"],
     "operators llama3-70b TP4": ["model=llama3-70b", "engine.tensor_parallel_size=4"],
     "operators mixtral-8x7b TP2": ["model=mixtral-8x7b", "engine.tensor_parallel_size=2"],
+    # The same deployments under the roofline: what the operator model itself costs,
+    # apart from a bigger deployment's larger batches (more work per step for the
+    # scheduler at the same arrivals).
+    "roofline llama3-70b TP4": [
+        "model=llama3-70b",
+        "engine.tensor_parallel_size=4",
+        "mode.latency_model=roofline",
+    ],
+    "roofline mixtral-8x7b TP2": [
+        "model=mixtral-8x7b",
+        "engine.tensor_parallel_size=2",
+        "mode.latency_model=roofline",
+    ],
 }
 BASELINE = "baseline: roofline llama3-8b TP1"
 

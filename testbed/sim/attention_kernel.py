@@ -92,22 +92,34 @@ class AttentionKernel:
         ``num_tokens`` tokens (scalars) with ``attn_pairs`` query-key pairs, ``kv_tokens``
         keys read in all and ``max_kv`` by the longest request (scalars or float64 arrays:
         an array gives, element by element, exactly what the scalar call gives)."""
-        per_token = float(2 * num_kv_heads * head_dim * dtype_bytes) / mem_bandwidth
-        per_pair = 4.0 * num_heads * head_dim
-        if not any(isinstance(x, np.ndarray) and x.ndim for x in (attn_pairs, kv_tokens, max_kv)):
-            if num_tokens <= 0 or num_reqs <= 0:
-                return 0.0
-            return self._one(
-                num_reqs, num_tokens, float(attn_pairs), float(kv_tokens), float(max_kv),
-                per_pair / peak_flops, per_token,
-            )  # fmt: skip
-        pairs = np.asarray(attn_pairs, dtype=np.float64)
-        kv = np.asarray(kv_tokens, dtype=np.float64)
-        longest = np.asarray(max_kv, dtype=np.float64)
-        if num_tokens <= 0 or num_reqs <= 0:
-            return np.zeros(np.broadcast(pairs, kv, longest).shape)
-        return self._many(
-            num_reqs, num_tokens, pairs, kv, longest, per_pair / peak_flops, per_token
+        shaped = self.shaped(
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            dtype_bytes=dtype_bytes,
+            peak_flops=peak_flops,
+            mem_bandwidth=mem_bandwidth,
+        )
+        if any(isinstance(x, np.ndarray) and x.ndim for x in (attn_pairs, kv_tokens, max_kv)):
+            return shaped.many(num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv)
+        return shaped.one(num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv)
+
+    def shaped(
+        self,
+        *,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype_bytes: int,
+        peak_flops: float,
+        mem_bandwidth: float,
+    ) -> ShapedAttention:
+        """:meth:`seconds` of one layer shape on one GPU, its constants computed once
+        (a simulated step calls it once)."""
+        return ShapedAttention(
+            self,
+            4.0 * num_heads * head_dim / peak_flops,
+            float(2 * num_kv_heads * head_dim * dtype_bytes) / mem_bandwidth,
         )
 
     # The two paths below do the same float operations in the same order (numpy's
@@ -148,9 +160,36 @@ class AttentionKernel:
         return np.power(np.power(t_compute, p) + np.exp(log_T * p), 1.0 / p)
 
 
+class ShapedAttention:
+    """:meth:`AttentionKernel.seconds` of one layer shape: :meth:`one` for numbers,
+    :meth:`many` for arrays of pairs, keys and longest contexts."""
+
+    def __init__(self, kernel: AttentionKernel, s_per_pair: float, per_token: float) -> None:
+        self.kernel, self.s_per_pair, self.per_token = kernel, s_per_pair, per_token
+
+    def one(self, num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv) -> float:
+        if num_tokens <= 0 or num_reqs <= 0:
+            return 0.0
+        return self.kernel._one(
+            num_reqs, num_tokens, float(attn_pairs), float(kv_tokens), float(max_kv),
+            self.s_per_pair, self.per_token,
+        )  # fmt: skip
+
+    def many(self, num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv) -> np.ndarray:
+        pairs = np.asarray(attn_pairs, dtype=np.float64)
+        kv = np.asarray(kv_tokens, dtype=np.float64)
+        longest = np.asarray(max_kv, dtype=np.float64)
+        if num_tokens <= 0 or num_reqs <= 0:
+            return np.zeros(np.broadcast(pairs, kv, longest).shape)
+        return self.kernel._many(
+            num_reqs, num_tokens, pairs, kv, longest, self.s_per_pair, self.per_token
+        )
+
+
 class Curve:
-    """Piecewise-linear ``y(x)``, flat beyond its ends, evaluated by the same float
-    operations on a number (:meth:`at`) or an array (:meth:`many`)."""
+    """Piecewise-linear ``y(x)``, flat beyond its ends, on a number (:meth:`at`, in
+    Python: ``np.interp``'s own operations, without its per-call cost) or an array
+    (:meth:`many`, ``np.interp``), the two equal bit for bit."""
 
     def __init__(self, x: np.ndarray, y: np.ndarray) -> None:
         x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
@@ -169,9 +208,8 @@ class Curve:
         return self._y[j] + (v - xs[j]) * self._slope[j]
 
     def many(self, v: np.ndarray) -> np.ndarray:
-        j = np.clip(np.searchsorted(self.x, v, side="right") - 1, 0, len(self.x) - 2)
-        y = self.y[j] + (v - self.x[j]) * self.slope[j]
-        return np.where(v <= self.x[0], self.y[0], np.where(v >= self.x[-1], self.y[-1], y))
+        """:meth:`at` of each element: numpy's interpolation does the same operations."""
+        return np.interp(v, self.x, self.y)
 
 
 def _entry(data: dict, table: str, name: str, path: Path) -> dict:

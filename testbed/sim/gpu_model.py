@@ -390,6 +390,7 @@ class GPUStepModel:
         return parts
 
     def _attention(self, num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv):
+        """Every layer's attention (a number, or an array where the inputs are)."""
         per_layer = self.attention.seconds(
             num_reqs,
             num_tokens,
@@ -405,14 +406,29 @@ class GPUStepModel:
         )
         return self.model.num_layers * per_layer
 
+    @cached_property
+    def _shaped(self):
+        """The attention kernel bound to this model's shape on one rank."""
+        return self.attention.shaped(
+            num_heads=self.heads,
+            num_kv_heads=self.kv_heads,
+            head_dim=self.model.head_dim,
+            dtype_bytes=self.bytes,
+            peak_flops=self.hw.peak_flops,
+            mem_bandwidth=self.hw.mem_bandwidth,
+        )
+
     def predict(self, num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv) -> float:
-        fixed = self.fixed_s(num_reqs, num_tokens)
-        return float(fixed + self._attention(num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv))
+        fixed = self._fixed.get((num_reqs, num_tokens))
+        if fixed is None:
+            fixed = self.fixed_s(num_reqs, num_tokens)
+        layer = self._shaped.one(num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv)
+        return float(fixed + self.model.num_layers * layer)
 
     def predict_many(self, num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv):
         fixed = self.fixed_s(num_reqs, num_tokens)
-        attn_pairs = np.asarray(attn_pairs, dtype=np.float64)
-        return fixed + self._attention(num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv)
+        layer = self._shaped.many(num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv)
+        return fixed + self.model.num_layers * layer
 
     def verification_s(self, num_spec_reqs):
         """Nothing: verified drafts are tokens like any others to this model."""

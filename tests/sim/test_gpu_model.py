@@ -51,6 +51,17 @@ class FakeAttention:
         out = 1e-6 + kv * shape["num_kv_heads"] * 1e-9 + np.asarray(attn_pairs) * 1e-12
         return float(out) if out.ndim == 0 else out
 
+    def shaped(self, **shape):
+        fake = self
+
+        class Shaped:
+            def one(self, *step):
+                return fake.seconds(*step, **shape)
+
+            many = one
+
+        return Shaped()
+
 
 class FakeCollective:
     source = "fake nccl"
