@@ -73,33 +73,13 @@ class AttentionKernel:
             f"decode bandwidth ({_title(data, decode)}); {entry['scaling']}"
         )
 
-    def seconds(
-        self,
-        num_reqs,
-        num_tokens,
-        attn_pairs,
-        kv_tokens,
-        max_kv,
-        *,
-        num_heads: int,
-        num_kv_heads: int,
-        head_dim: int,
-        dtype_bytes: int,
-        peak_flops: float,
-        mem_bandwidth: float,
-    ):
+    def seconds(self, num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv, **shape):
         """Seconds of one layer's attention for a step of ``num_reqs`` requests computing
         ``num_tokens`` tokens (scalars) with ``attn_pairs`` query-key pairs, ``kv_tokens``
         keys read in all and ``max_kv`` by the longest request (scalars or float64 arrays:
-        an array gives, element by element, exactly what the scalar call gives)."""
-        shaped = self.shaped(
-            num_heads=num_heads,
-            num_kv_heads=num_kv_heads,
-            head_dim=head_dim,
-            dtype_bytes=dtype_bytes,
-            peak_flops=peak_flops,
-            mem_bandwidth=mem_bandwidth,
-        )
+        an array gives, element by element, exactly what the scalar call gives), for the
+        layer ``shape`` that :meth:`shaped` takes."""
+        shaped = self.shaped(**shape)
         if any(isinstance(x, np.ndarray) and x.ndim for x in (attn_pairs, kv_tokens, max_kv)):
             return shaped.many(num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv)
         return shaped.one(num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv)
@@ -114,8 +94,9 @@ class AttentionKernel:
         peak_flops: float,
         mem_bandwidth: float,
     ) -> ShapedAttention:
-        """:meth:`seconds` of one layer shape on one GPU, its constants computed once
-        (a simulated step calls it once)."""
+        """:meth:`seconds` of one layer shape on one GPU (``num_heads`` and
+        ``num_kv_heads`` on that GPU, the element size, the GPU's peaks), its
+        constants computed once: a simulated step calls it once."""
         return ShapedAttention(
             self,
             4.0 * num_heads * head_dim / peak_flops,

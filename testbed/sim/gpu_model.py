@@ -391,20 +391,9 @@ class GPUStepModel:
 
     def _attention(self, num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv):
         """Every layer's attention (a number, or an array where the inputs are)."""
-        per_layer = self.attention.seconds(
-            num_reqs,
-            num_tokens,
-            attn_pairs,
-            kv_tokens,
-            max_kv,
-            num_heads=self.heads,
-            num_kv_heads=self.kv_heads,
-            head_dim=self.model.head_dim,
-            dtype_bytes=self.bytes,
-            peak_flops=self.hw.peak_flops,
-            mem_bandwidth=self.hw.mem_bandwidth,
-        )
-        return self.model.num_layers * per_layer
+        arrays = any(isinstance(x, np.ndarray) and x.ndim for x in (attn_pairs, kv_tokens, max_kv))
+        layer = self._shaped.many if arrays else self._shaped.one
+        return self.model.num_layers * layer(num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv)
 
     @cached_property
     def _shaped(self):

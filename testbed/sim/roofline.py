@@ -59,14 +59,7 @@ class RooflineModel:
         # max_kv: a roofline charges work and bytes, not how they are spread
         linear = max(num_tokens * self._s_per_token_flops, self._s_weights)
         attention = max(attn_pairs * self._s_per_pair, kv_tokens * self._s_per_kv_token)
-        hw = self.hw
-        return (
-            hw.step_overhead_s
-            + hw.request_overhead_s * num_reqs
-            + linear
-            + attention
-            + (self._s_comm + num_tokens * self._s_comm_per_token)
-        )
+        return self._total(num_reqs, num_tokens, linear, attention)
 
     def verification_s(self, num_spec_reqs):
         """Nothing: a roofline charges a verification's tokens like any others."""
@@ -75,6 +68,10 @@ class RooflineModel:
     def predict_many(self, num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv):
         linear = np.maximum(num_tokens * self._s_per_token_flops, self._s_weights)
         attention = np.maximum(attn_pairs * self._s_per_pair, kv_tokens * self._s_per_kv_token)
+        return self._total(num_reqs, num_tokens, linear, attention)
+
+    def _total(self, num_reqs, num_tokens, linear, attention):
+        """A step's seconds from its linear and attention parts (numbers or arrays)."""
         hw = self.hw
         return (
             hw.step_overhead_s

@@ -125,8 +125,11 @@ def simulate(
     num_blocks=20_000,
     replicas=1,
     router="least_outstanding",
+    max_concurrency=None,
     **sched,
 ):
+    """A simulation of ``requests`` (``max_concurrency``: a closed loop of that many
+    clients); its result and its engines."""
     lat = latency_model()
     engines = []
     cfg = dict(max_num_batched_tokens=2048, max_num_seqs=128, max_model_len=8192) | sched
@@ -150,6 +153,7 @@ def simulate(
         router=make_router(router),
         fast_forward=fast_forward,
         keep_tokens=True,
+        max_concurrency=max_concurrency,
     )
     return sim.run(), engines
 

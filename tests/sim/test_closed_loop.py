@@ -9,22 +9,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from policies import make_policy
-from policies.routers import make_router
 from testbed.core import (
-    EngineCore,
-    KVCacheManager,
     Request,
     RequestStatus,
     SamplingParams,
-    Scheduler,
-    SchedulerConfig,
 )
 from testbed.errors import InputError
-from testbed.sim.executor import SimExecutor
-from testbed.sim.simulator import Simulation
 from testbed.workload import ClosedLoop
-from tests.sim.helpers import latency_model, observable, random_requests, run
+from tests.sim import helpers
+from tests.sim.helpers import observable, random_requests, run
 from traces import load_trace, max_concurrency
 
 # --- the trace ---
@@ -79,27 +72,16 @@ def test_options_that_do_not_fit_a_closed_loop_are_refused(options, message):
 
 
 def simulate(requests, clients, fast_forward=True, replicas=1, router="round_robin", **limits):
-    lat = latency_model()
-    num_blocks = limits.pop("num_blocks", 20_000)
-    cfg = dict(max_num_batched_tokens=2048, max_num_seqs=128, max_model_len=8192) | limits
-
-    def make_engine(i, clock):
-        sched = Scheduler(
-            SchedulerConfig(**cfg), KVCacheManager(num_blocks, 16, True), make_policy("fcfs")
-        )
-        return EngineCore(sched, SimExecutor(lat), clock)
-
-    sim = Simulation(
+    """A closed loop of ``clients`` over ``requests`` under FCFS (the helpers' simulation)."""
+    result, _ = helpers.simulate(
         requests,
-        make_engine,
-        lat,
-        num_replicas=replicas,
-        router=make_router(router),
         fast_forward=fast_forward,
-        keep_tokens=True,
+        replicas=replicas,
+        router=router,
         max_concurrency=clients,
+        **limits,
     )
-    return sim.run()
+    return result
 
 
 def same_lengths(n: int, prompt: int = 512, output: int = 128) -> list[Request]:
