@@ -35,8 +35,12 @@ from bisect import bisect_right
 from pathlib import Path
 
 import numpy as np
+from numpy._core.multiarray import interp as _interp  # np.interp without its checks
 
 DATA_PATH = Path(__file__).with_name("data") / "attention_kernels.json"
+DENSE_POINTS = 1024  # a published curve's grid, geometric between its ends
+NORM_POINTS = 2049  # the p-norm's table on [0, 1]
+FAR = 1e12  # a decode curve's far point, on the line past its last (as a multiple)
 
 
 class AttentionKernel:
@@ -57,17 +61,22 @@ class AttentionKernel:
         prefill = _entry(data, "prefill_curves", entry["prefill"], path)
         decode = _entry(data, "decode_curves", entry["decode"], path)
         self._p = float(data["combine_exponent"])
-        # Achieved FLOP/s (a fraction of peak) against log causal length.
+        # The published curves are piecewise linear in log-log; a step evaluates them
+        # on dense geometric grids, linearly in between (within about 0.03% of the
+        # log-log curve), and the p-norm as max x g(min / max) from a table of g:
+        # arithmetic and interpolation only, the same on a number and an array.
+        # Achieved FLOP/s (a fraction of peak) against causal length.
         self._log_len, self._eff = _prefill_table(prefill, path)
-        self._prefill = Curve(self._log_len, self._eff)
-        # Decode curves: log kernel time against log ideal time, one request and
-        # batched; past their last point the time grows as the ideal does (the last
-        # utilisation), below their first it stays (the launch floor).
+        self._prefill = _dense(self._log_len, self._eff, exp_y=False)
+        # Decode: kernel time against ideal time (bytes / bandwidth), one request and
+        # batched; past the last point the time grows as the ideal does (the last
+        # utilisation), below the first it stays (the launch floor).
         self._log_t1, self._log_T1 = _decode_table(decode, {"batch_1": 1}, path)
         self._log_tb, self._log_Tb = _decode_table(decode, {"batch_16": 16, "batch_64": 64}, path)
-        self._one_request = Curve(self._log_t1, self._log_T1)
-        self._batched = Curve(self._log_tb, self._log_Tb)
-        self._last1, self._lastb = float(self._log_t1[-1]), float(self._log_tb[-1])
+        self._one_request = _dense(self._log_t1, self._log_T1, exp_y=True)
+        self._batched = _dense(self._log_tb, self._log_Tb, exp_y=True)
+        r = np.linspace(0.0, 1.0, NORM_POINTS)
+        self._norm = Curve(r, (1.0 + r**self._p) ** (1.0 / self._p))
         self.source = (
             f"attention on {gpu}: {prefill['kernel']} prefill ({_title(data, prefill)}), "
             f"decode bandwidth ({_title(data, decode)}); {entry['scaling']}"
@@ -103,42 +112,35 @@ class AttentionKernel:
             float(2 * num_kv_heads * head_dim * dtype_bytes) / mem_bandwidth,
         )
 
-    # The two paths below do the same float operations in the same order (numpy's
-    # ufuncs for log, exp and power, on a number or an array alike; the curves'
-    # own interpolation), so an array's elements equal the numbers' results.
+    # The two paths below do the same float operations in the same order (arithmetic
+    # and the curves' interpolation), so an array's elements equal the numbers'.
 
     def _one(self, num_reqs, num_tokens, pairs, kv, longest, s_per_pair, per_token) -> float:
-        p = self._p
         length = max(pairs * (2.0 / num_tokens), 1.0)
-        t_compute = pairs * s_per_pair / self._prefill.at(float(np.log(length)))
-        log_ideal = float(np.log(max(kv * per_token, 1e-12)))
+        t_compute = pairs * s_per_pair / self._prefill.at(length)
         if num_reqs == 1:
-            log_T = self._one_request.at(log_ideal) + max(log_ideal - self._last1, 0.0)
+            t_memory = self._one_request.at(kv * per_token)
         else:
             # The batched curve by total bytes (the published batches collapse onto it),
             # but no faster than the longest request would run alone.
-            log_longest = float(np.log(max(longest * per_token, 1e-12)))
-            log_T = max(
-                self._batched.at(log_ideal) + max(log_ideal - self._lastb, 0.0),
-                self._one_request.at(log_longest) + max(log_longest - self._last1, 0.0),
+            t_memory = max(
+                self._batched.at(kv * per_token), self._one_request.at(longest * per_token)
             )
-        return float(np.power(np.power(t_compute, p) + np.exp(log_T * p), 1.0 / p))
+        # t_memory > 0 (the curves' launch floor), so the larger part is too.
+        big, small = max(t_compute, t_memory), min(t_compute, t_memory)
+        return big * self._norm.at(small / big)
 
     def _many(self, num_reqs, num_tokens, pairs, kv, longest, s_per_pair, per_token):
-        p = self._p
         length = np.maximum(pairs * (2.0 / num_tokens), 1.0)
-        t_compute = pairs * s_per_pair / self._prefill.many(np.log(length))
-        log_ideal = np.log(np.maximum(kv * per_token, 1e-12))
+        t_compute = pairs * s_per_pair / self._prefill.many(length)
         if num_reqs == 1:
-            log_T = self._one_request.many(log_ideal) + np.maximum(log_ideal - self._last1, 0.0)
+            t_memory = self._one_request.many(kv * per_token)
         else:
-            log_longest = np.log(np.maximum(longest * per_token, 1e-12))
-            log_T = np.maximum(
-                self._batched.many(log_ideal) + np.maximum(log_ideal - self._lastb, 0.0),
-                self._one_request.many(log_longest) + np.maximum(log_longest - self._last1, 0.0),
+            t_memory = np.maximum(
+                self._batched.many(kv * per_token), self._one_request.many(longest * per_token)
             )
-        # Ufuncs only (np.power, not **): ** on numpy scalars can differ in the last bit.
-        return np.power(np.power(t_compute, p) + np.exp(log_T * p), 1.0 / p)
+        big, small = np.maximum(t_compute, t_memory), np.minimum(t_compute, t_memory)
+        return big * self._norm.many(small / big)
 
 
 class ShapedAttention:
@@ -167,6 +169,19 @@ class ShapedAttention:
         )
 
 
+def _dense(log_x: np.ndarray, log_or_y: np.ndarray, exp_y: bool) -> Curve:
+    """A curve published piecewise linear in log x (and in log y with ``exp_y``) on a
+    geometric grid of ``DENSE_POINTS`` between its ends. With ``exp_y`` (a kernel time
+    against an ideal time) the time past the last point grows as the ideal does (the
+    last utilisation held): a far point on that line extends the curve."""
+    grid = np.linspace(float(log_x[0]), float(log_x[-1]), DENSE_POINTS)
+    y = np.interp(grid, log_x, log_or_y)
+    if not exp_y:
+        return Curve(np.exp(grid), y)
+    x, t = np.exp(grid), np.exp(y)
+    return Curve(np.append(x, x[-1] * FAR), np.append(t, t[-1] * FAR))
+
+
 class Curve:
     """Piecewise-linear ``y(x)``, flat beyond its ends, on a number (:meth:`at`, in
     Python: ``np.interp``'s own operations, without its per-call cost) or an array
@@ -189,8 +204,10 @@ class Curve:
         return self._y[j] + (v - xs[j]) * self._slope[j]
 
     def many(self, v: np.ndarray) -> np.ndarray:
-        """:meth:`at` of each element: numpy's interpolation does the same operations."""
-        return np.interp(v, self.x, self.y)
+        """:meth:`at` of each element: numpy's interpolation (its compiled routine,
+        which ``np.interp`` calls after checks these float arrays pass) does the same
+        operations."""
+        return _interp(v, self.x, self.y)
 
 
 def _entry(data: dict, table: str, name: str, path: Path) -> dict:

@@ -236,6 +236,8 @@ class GPUStepModel:
         self.heads = model.num_heads // tp
         self.kv_heads = max(1, model.num_kv_heads // tp)
         self._fixed: dict[tuple[int, int], float] = {}
+        self._by_tokens: dict[int, float] = {}
+        self._by_reqs: dict[int, float] = {}
         self.sources = self._sources(gpu)
         self.source = f"GPU operator model of {hw.name}, TP{tp} PP{parallel.pipeline}: " + (
             "; ".join(f"{k}: {v}" for k, v in self.sources.items())
@@ -349,15 +351,35 @@ class GPUStepModel:
         key = (num_reqs, num_tokens)
         hit = self._fixed.get(key)
         if hit is None:
-            hit = self._fixed[key] = sum(self.fixed_parts(num_reqs, num_tokens).values())
+            by_tokens = self._by_tokens.get(num_tokens)
+            if by_tokens is None:
+                by_tokens = self._by_tokens[num_tokens] = sum(self.token_parts(num_tokens).values())
+            by_reqs = self._by_reqs.get(num_reqs)
+            if by_reqs is None:
+                by_reqs = self._by_reqs[num_reqs] = sum(self.request_parts(num_reqs).values())
+            hit = self._fixed[key] = by_tokens + by_reqs
         return hit
 
     def fixed_parts(self, num_reqs: int, num_tokens: int) -> dict[str, float]:
         """Seconds of each part of a step but attention: ``cpu`` (the engine's
-        overheads), ``embedding``, ``layers`` (linear and elementwise operators, MoE
-        experts), ``all_reduce`` (two per layer), ``lm_head`` (with its gather) and
-        ``pipeline`` (the hand-overs between stages)."""
-        m, hw, tp, pp = self.model, self.hw, self.tp, self.parallel.pipeline
+        overheads) and ``lm_head`` (with its gather), by its requests
+        (:meth:`request_parts`); ``embedding``, ``layers`` (linear and elementwise
+        operators, MoE experts), ``all_reduce`` (two per layer) and ``pipeline``
+        (the hand-overs between stages), by its tokens (:meth:`token_parts`)."""
+        return self.request_parts(num_reqs) | self.token_parts(num_tokens)
+
+    def request_parts(self, num_reqs: int) -> dict[str, float]:
+        """The parts of a step that its number of requests sets."""
+        m, hw, tp = self.model, self.hw, self.tp
+        logits = max(num_reqs, 1)
+        head = self._gemm_s(logits, m.hidden_size, m.vocab_size // tp)
+        if tp > 1:  # the ranks' logits slices gathered for sampling
+            head += self.collective.all_reduce_s(logits * m.vocab_size // tp * self.bytes, tp)
+        return {"cpu": hw.step_overhead_s + hw.request_overhead_s * num_reqs, "lm_head": head}
+
+    def token_parts(self, num_tokens: int) -> dict[str, float]:
+        """The parts of a step that its number of tokens sets."""
+        m, tp, pp = self.model, self.tp, self.parallel.pipeline
         t = max(num_tokens, 1)
         ops = self._layer_ops(t)
         if m.is_moe:
@@ -370,16 +392,10 @@ class GPUStepModel:
         reduce = 0.0
         if tp > 1:  # after attention and after the MLP, every layer
             reduce = 2 * m.num_layers * self.collective.all_reduce_s(hidden_bytes, tp)
-        logits = max(num_reqs, 1)
-        head = self._gemm_s(logits, m.hidden_size, m.vocab_size // tp)
-        if tp > 1:  # the ranks' logits slices gathered for sampling
-            head += self.collective.all_reduce_s(logits * m.vocab_size // tp * self.bytes, tp)
         return {
-            "cpu": hw.step_overhead_s + hw.request_overhead_s * num_reqs,
             "embedding": self.layer.emb_s(t) * self._ratio(0.0, 2 * hidden_bytes),
             "layers": layers,
             "all_reduce": reduce,
-            "lm_head": head,
             "pipeline": (pp - 1) * self.collective.send_recv_s(2 * hidden_bytes) if pp > 1 else 0.0,
         }
 
