@@ -5,7 +5,8 @@ A step's time is the sum, over its decoder layers, of the layer's operators on
 one tensor-parallel rank (linear layers from measured operator tables or the
 curve fitted to them, :mod:`testbed.sim.operators`; attention from published
 kernel measurements, :mod:`testbed.sim.attention_kernel`; two all-reduces per
-layer from measured NCCL times, :mod:`testbed.sim.collectives`), plus the
+layer, as vLLM's custom all-reduce below 8 MiB on NVLink, else from measured
+NCCL times, :mod:`testbed.sim.collectives`), plus the
 embedding, the LM head and its logits gather, the hand-over between pipeline
 stages, and the engine's CPU overheads per step and per request (the hardware
 entry's ``step_overhead_s`` and ``request_overhead_s``).
@@ -18,8 +19,9 @@ under-predicted by up to the number of stages.
 MoE layers: a token activates ``k`` of ``E`` experts; with uniformly routed
 tokens a step of ``T`` tokens touches ``E (1 - (1 - k/E)^T)`` distinct experts
 on average and reads each one's weights once. The experts take the longer of
-their computation (a GEMM of ``T k`` rows, fitted curve) and reading the touched
-experts' weights at the bandwidth the fitted curve achieves on a large GEMV.
+their computation (a GEMM of ``T k`` rows, fitted curve) and vLLM's fused MoE
+kernel reading the touched experts' weights (a fixed cost plus the bytes at a
+share of the bandwidth, from published kernel benchmarks).
 Experts are split across tensor-parallel ranks as vLLM's default does (each
 rank holds a slice of every expert), not placed whole (expert parallelism).
 
