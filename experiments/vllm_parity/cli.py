@@ -2,6 +2,10 @@
 
     python -m experiments.vllm_parity --n 3000 --rate 4 --num-gpu-blocks 256
     python -m experiments.vllm_parity --stream my.csv --policy priority --no-reserve-full-isl
+    python -m experiments.vllm_parity --policy sjf --vllm-class --num-tenants 3 --ttft-slo-s 5 50
+
+``--vllm-class`` runs vLLM with the policy inside its scheduler
+(``testbed.vllm_backend``); without it vLLM runs its own fcfs or priority.
 
 Without ``--stream`` a synthetic one is written (``streams.py``). Prints the
 number of identical steps and, at the first divergence, both sides' step; the
@@ -20,8 +24,9 @@ from pathlib import Path
 from experiments.manifest import write_manifest
 from experiments.vllm_parity.compare import Comparison, compare
 from experiments.vllm_parity.ours import OurRun, run_ours
-from experiments.vllm_parity.reference import ReferenceRun, Settings, run_vllm
+from experiments.vllm_parity.reference import POLICY_CLASS, ReferenceRun, Settings, run_vllm
 from experiments.vllm_parity.streams import StreamSpec, write_stream
+from policies import REGISTRY
 
 
 def run_pair(
@@ -50,6 +55,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     g.add_argument("--num-prefixes", type=int, default=d.num_prefixes)
     g.add_argument("--share-frac", type=float, default=d.share_frac)
     g.add_argument("--priority-classes", type=int, default=d.priority_classes)
+    g.add_argument("--num-tenants", type=int, default=d.num_tenants)
+    g.add_argument(
+        "--ttft-slo-s", type=float, nargs=2, default=d.ttft_slo_s, help="a TTFT SLO range"
+    )
     g.add_argument("--stream-seed", type=int, default=d.seed)
     e = p.add_argument_group("the engine (both sides)")
     s = Settings()
@@ -67,7 +76,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     e.add_argument("--enable-prefix-caching", action=b, default=s.enable_prefix_caching)
     e.add_argument("--long-prefill-token-threshold", type=int, default=0)
     e.add_argument("--reserve-full-isl", action=b, default=s.reserve_full_isl)
-    e.add_argument("--policy", choices=["fcfs", "priority"], default=s.policy)
+    e.add_argument("--policy", choices=sorted(REGISTRY), default=s.policy)
+    e.add_argument(
+        "--policy-args", default=s.policy_args, help="the policy's arguments, as a JSON object"
+    )
+    e.add_argument(
+        "--vllm-class",
+        nargs="?",
+        const=POLICY_CLASS,
+        default=None,
+        help=f"run the policy inside vLLM with this scheduler class (default {POLICY_CLASS})",
+    )
     e.add_argument("--max-model-len", type=int, default=None)
     return p.parse_args(argv)
 
@@ -86,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
             num_prefixes=a.num_prefixes,
             share_frac=a.share_frac,
             priority_classes=a.priority_classes,
+            num_tenants=a.num_tenants,
+            ttft_slo_s=tuple(a.ttft_slo_s) if a.ttft_slo_s else None,
             seed=a.stream_seed,
         )
         stream = write_stream(spec, out / "stream.csv")
@@ -99,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         long_prefill_token_threshold=a.long_prefill_token_threshold,
         reserve_full_isl=a.reserve_full_isl,
         policy=a.policy,
+        policy_args=a.policy_args,
+        vllm_class=a.vllm_class,
         max_model_len=a.max_model_len,
     )
     result, ours, theirs = run_pair(stream, settings, out)

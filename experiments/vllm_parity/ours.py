@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from experiments.vllm_parity.reference import Settings, tool_module
-from policies.fcfs import FCFS
-from policies.priority import Priority
+from policies import make_policy
 from testbed.core import (
     ExecutorOutput,
     KVCacheManager,
@@ -53,7 +52,7 @@ class OurRun:
 
 
 def build(settings: Settings, max_model_len: int) -> Scheduler:
-    policy = {"fcfs": FCFS, "priority": lambda: Priority(aging_interval_s=0.0)}[settings.policy]()
+    policy = make_policy(settings.policy_spec())
     config = SchedulerConfig(
         max_num_batched_tokens=settings.max_num_batched_tokens,
         max_num_seqs=settings.max_num_seqs,
@@ -74,7 +73,7 @@ def build(settings: Settings, max_model_len: int) -> Scheduler:
 def run_ours(stream: Path, settings: Settings, out_dir: Path) -> OurRun:
     tool = tool_module()
     reqs = tool.load_requests(str(stream), settings.step_time_s)
-    priorities = _priorities(stream)
+    extras = _request_data(stream)
     longest = max(r.prompt_tokens + r.output_tokens for r in reqs)
     max_model_len = settings.max_model_len or max(longest, settings.max_num_batched_tokens)
     room = (settings.num_gpu_blocks - 1) * settings.block_size
@@ -110,7 +109,7 @@ def run_ours(stream: Path, settings: Settings, out_dir: Path) -> OurRun:
                         max_tokens=r.output_tokens, ignore_eos=True, temperature=0.0
                     ),
                     arrival_time=arrival,
-                    priority=priorities.get(r.rid, 0),
+                    **extras.get(r.rid, {}),
                 )
                 index[r.rid] = r.idx
                 made[r.rid] = req
@@ -169,11 +168,32 @@ def run_ours(stream: Path, settings: Settings, out_dir: Path) -> OurRun:
     return OurRun(path, 1000 * busy / max(steps, 1), unfinished)
 
 
-def _priorities(stream: Path) -> dict[str, int]:
+# Stream columns that go to our Request as they go to vLLM's (vllm_shim.py).
+REQUEST_COLUMNS = {
+    "priority": int,
+    "tenant": str,
+    "ttft_slo_s": float,
+    "tpot_slo_s": float,
+    "target_output_tokens": int,
+    "predicted_output_tokens": int,
+}
+
+
+def _request_data(stream: Path) -> dict[str, dict]:
+    """Per request id, the stream's per-request fields (priority, tenant, SLOs...)."""
     with open(stream, newline="") as f:
         rows = list(csv.DictReader(f))
-    return {
-        (row.get("request_id") or str(i)).strip(): int(row["priority"])
-        for i, row in enumerate(rows)
-        if row.get("priority") not in (None, "")
-    }
+    out = {}
+    for i, row in enumerate(rows):
+        data = {}
+        for name, kind in REQUEST_COLUMNS.items():
+            value = row.get(name)
+            if value in (None, ""):
+                continue
+            try:
+                data[name] = kind(value)
+            except ValueError as e:
+                raise ValueError(f"{stream}: row {i + 1}, {name}: {e}") from e
+        if data:
+            out[(row.get("request_id") or str(i)).strip()] = data
+    return out

@@ -4,12 +4,15 @@ The tool (``vllm_steps.py``) lives in ``$TESTBED_VLLM_REPLAY_DIR`` (default
 ``../shared/tools/vllm_replay`` beside the checkout); its venv's python is
 ``$TESTBED_VLLM_REPLAY_PYTHON`` (default ``~/.cache/vllm-replay-venv/bin/python``,
 where the tool's ``setup.sh`` puts it). vLLM runs in a subprocess of that
-python, through ``vllm_shim.py``, which only adds per-request priorities.
+python, through ``vllm_shim.py``, which adds per-request priorities and data
+and, with ``Settings.vllm_class``, builds that scheduler class (a testbed policy
+inside vLLM, ``testbed.vllm_backend``) with the policy's spec.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -21,6 +24,8 @@ from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIM = Path(__file__).with_name("vllm_shim.py")
+STOCK_POLICIES = ("fcfs", "priority")  # vLLM's own --scheduling-policy choices
+POLICY_CLASS = "testbed.vllm_backend.scheduler.PolicyScheduler"
 
 
 def tool_dir() -> Path:
@@ -73,12 +78,32 @@ class Settings:
     enable_prefix_caching: bool = True
     long_prefill_token_threshold: int = 0
     reserve_full_isl: bool = True
-    policy: str = "fcfs"
+    policy: str = "fcfs"  # a bundled policy's name (stock vLLM: fcfs or priority)
+    policy_args: str = "{}"  # its constructor's arguments, as JSON
+    vllm_class: str | None = None  # vLLM's scheduler_cls running the policy; None: stock
     max_model_len: int | None = None
     step_time_s: float | None = None  # for streams with arrival_s
     seed: int = 0
 
+    def policy_spec(self) -> dict:
+        """The policy as a ``policies.make_policy`` mapping."""
+        try:
+            args = json.loads(self.policy_args)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"policy_args is not JSON ({e}): {self.policy_args!r}") from e
+        if not isinstance(args, dict):
+            raise ValueError(f"policy_args must be a JSON object, got {self.policy_args!r}")
+        return {"name": self.policy, **args}
+
     def tool_args(self) -> list[str]:
+        if self.vllm_class is None and (
+            self.policy not in STOCK_POLICIES or self.policy_args.strip() not in ("", "{}")
+        ):
+            raise ValueError(
+                f"policy {self.policy!r} with arguments {self.policy_args}: stock vLLM has "
+                f"only {STOCK_POLICIES} without arguments; run it inside vLLM with vllm_class"
+            )
+
         def flag(name: str, on: bool) -> str:
             return f"--{name}" if on else f"--no-{name}"
 
@@ -91,13 +116,16 @@ class Settings:
             flag("enable-prefix-caching", self.enable_prefix_caching),
             f"--long-prefill-token-threshold={self.long_prefill_token_threshold}",
             flag("reserve-full-isl", self.reserve_full_isl),
-            f"--policy={self.policy}",
+            f"--policy={self.policy if self.vllm_class is None else 'fcfs'}",
             f"--seed={self.seed}",
         ]
         if self.max_model_len is not None:
             args.append(f"--max-model-len={self.max_model_len}")
         if self.step_time_s is not None:
             args.append(f"--step-time-s={self.step_time_s}")
+        if self.vllm_class is not None:  # read by vllm_shim.py, not by the tool
+            args.append(f"--testbed-policy={json.dumps(self.policy_spec())}")
+            args.append(f"--scheduler-cls={self.vllm_class}")
         return args
 
 
@@ -122,7 +150,10 @@ def run_vllm(stream: Path, settings: Settings, out_dir: Path) -> ReferenceRun:
         f"--out={steps}",
         *settings.tool_args(),
     ]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    # The policy class and the policies import from the checkout (pure Python).
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode not in (0, 2):  # 2: some requests never finished (still compared)
         sys.stderr.write(done.stderr)
         raise RuntimeError(f"vLLM replay failed (exit {done.returncode}): {' '.join(cmd)}")

@@ -5,7 +5,10 @@ Columns: ``request_id``, ``arrival_step`` (the scheduler step it joins),
 requests tie on it), ``prompt_tokens``, ``output_tokens``, ``prefix_hash_ids``
 (``|``-separated; hash id h always stands for the same block of tokens, so
 requests with the same leading ids share a prefix) and, with priority classes,
-``priority`` (lower first).
+``priority`` (lower first); with tenants, ``tenant`` (``t0`` the busiest: tenant
+k is drawn with weight 1/(k+1)); with an SLO range, ``ttft_slo_s`` (uniform in
+it; arrival_s plus it is the request's deadline). Tenants and SLOs draw from
+their own generator, so adding them leaves the other columns as they were.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ class StreamSpec:
     prefix_blocks: tuple[int, int] = (4, 16)  # length of each, in hash blocks
     share_frac: float = 0.5  # fraction of requests that start with one
     priority_classes: int = 0  # 0: no priority column
+    num_tenants: int = 0  # 0: no tenant column
+    ttft_slo_s: tuple[float, float] | None = None  # None: no ttft_slo_s column
     seed: int = 1
 
 
@@ -40,6 +45,12 @@ def write_stream(spec: StreamSpec, path: Path) -> Path:
     columns.append("prefix_hash_ids")
     if spec.priority_classes:
         columns.append("priority")
+    if spec.num_tenants:
+        columns.append("tenant")
+    if spec.ttft_slo_s is not None:
+        columns.append("ttft_slo_s")
+    extra = random.Random(f"tenants-slos-{spec.seed}")
+    weights = [1.0 / (k + 1) for k in range(spec.num_tenants)]
     t = 0.0
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:
@@ -57,5 +68,9 @@ def write_stream(spec: StreamSpec, path: Path) -> Path:
             row = [f"r{i}", int(t), f"{t:.6f}", prompt, output, "|".join(map(str, hashes))]
             if spec.priority_classes:
                 row.append(rng.randrange(spec.priority_classes))
+            if spec.num_tenants:
+                row.append(f"t{extra.choices(range(spec.num_tenants), weights)[0]}")
+            if spec.ttft_slo_s is not None:
+                row.append(f"{extra.uniform(*spec.ttft_slo_s):.4f}")
             out.writerow(row)
     return path
