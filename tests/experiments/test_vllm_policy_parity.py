@@ -1,0 +1,78 @@
+"""A testbed policy inside vLLM's scheduler (``testbed.vllm_backend``) schedules
+every step as the testbed's scheduler does under that policy, and by itself
+changes nothing of vLLM's own schedule.
+
+Runs where the replay tool and its venv exist (``experiments/vllm_parity/
+reference.py`` says how to build the venv); skipped, with that command, elsewhere.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from experiments.vllm_parity import reference
+from experiments.vllm_parity.cli import run_pair
+from experiments.vllm_parity.compare import compare, read_steps
+from experiments.vllm_parity.reference import POLICY_CLASS, Settings, run_vllm
+from experiments.vllm_parity.streams import StreamSpec, write_stream
+
+
+def needs_vllm():
+    why = reference.missing()
+    if why:
+        pytest.skip(why)
+
+
+# Tenants, priorities, TTFT deadlines and shared prefixes, on a cache that preempts.
+MIXED = StreamSpec(
+    n=100,
+    rate=2.0,
+    prompt=(20, 400),
+    output=(4, 60),
+    share_frac=0.6,
+    priority_classes=3,
+    num_tenants=3,
+    ttft_slo_s=(5.0, 40.0),
+    seed=7,
+)
+TIGHT = Settings(num_gpu_blocks=48)
+
+
+def preemptions(steps_csv) -> int:
+    return sum(
+        len(list(filter(None, r["preempted"].split(";")))) for r in read_steps(steps_csv).values()
+    )
+
+
+def test_fcfs_through_the_class_is_stock_vllm_and_the_testbed(tmp_path):
+    needs_vllm()
+    stream = write_stream(MIXED, tmp_path / "stream.csv")
+    result, _, theirs = run_pair(
+        stream, Settings(num_gpu_blocks=48, vllm_class=POLICY_CLASS), tmp_path / "class"
+    )
+    assert result.same, result.summary()
+    assert preemptions(theirs.steps_csv) > 0, "the case was meant to preempt"
+    stock = run_vllm(stream, TIGHT, tmp_path / "stock")
+    against_stock = compare(theirs.steps_csv, stock.steps_csv)
+    assert against_stock.same, against_stock.summary()
+
+
+@pytest.mark.parametrize(
+    "policy, args",
+    [("vtc", "{}"), ("edf", '{"reject_late": true}'), ("sjf", '{"victim": "least_computed"}')],
+)
+def test_a_policy_in_vllm_schedules_every_step_as_the_testbed(policy, args, tmp_path):
+    needs_vllm()
+    stream = write_stream(MIXED, tmp_path / "stream.csv")
+    settings = Settings(num_gpu_blocks=48, policy=policy, policy_args=args, vllm_class=POLICY_CLASS)
+    result, ours, theirs = run_pair(stream, settings, tmp_path)
+    assert result.same, result.summary()
+    assert result.identical == result.steps_vllm > 0 and ours.unfinished == 0
+    # The policy did decide: vLLM's own FCFS schedules the stream otherwise.
+    stock = run_vllm(stream, TIGHT, tmp_path / "stock")
+    assert not compare(theirs.steps_csv, stock.steps_csv).same
+    if policy == "edf":  # late requests were rejected: finished, never admitted
+        steps = read_steps(theirs.steps_csv).values()
+        admitted = {x.split(":")[0] for r in steps for x in r["admitted"].split(";") if x}
+        finished = {x for r in steps for x in r["finished"].split(";") if x}
+        assert finished - admitted, "the case was meant to reject late requests"
