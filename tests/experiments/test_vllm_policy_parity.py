@@ -36,6 +36,7 @@ MIXED = StreamSpec(
     seed=7,
 )
 TIGHT = Settings(num_gpu_blocks=48)
+TEST_POLICIES = "tests.experiments.vllm_test_policies"
 
 
 def preemptions(steps_csv) -> int:
@@ -59,7 +60,13 @@ def test_fcfs_through_the_class_is_stock_vllm_and_the_testbed(tmp_path):
 
 @pytest.mark.parametrize(
     "policy, args",
-    [("vtc", "{}"), ("edf", '{"reject_late": true}'), ("sjf", '{"victim": "least_computed"}')],
+    [
+        ("vtc", "{}"),
+        ("edf", '{"reject_late": true}'),
+        ("sjf", '{"victim": "least_computed"}'),
+        (f"{TEST_POLICIES}:CappedFCFS", "{}"),  # token_cap
+        (f"{TEST_POLICIES}:DeferringSJF", "{}"),  # admit: defer and reject
+    ],
 )
 def test_a_policy_in_vllm_schedules_every_step_as_the_testbed(policy, args, tmp_path):
     needs_vllm()
@@ -71,8 +78,19 @@ def test_a_policy_in_vllm_schedules_every_step_as_the_testbed(policy, args, tmp_
     # The policy did decide: vLLM's own FCFS schedules the stream otherwise.
     stock = run_vllm(stream, TIGHT, tmp_path / "stock")
     assert not compare(theirs.steps_csv, stock.steps_csv).same
-    if policy == "edf":  # late requests were rejected: finished, never admitted
+    if args.startswith('{"reject') or "Deferring" in policy:  # rejected: finished, never admitted
         steps = read_steps(theirs.steps_csv).values()
         admitted = {x.split(":")[0] for r in steps for x in r["admitted"].split(";") if x}
         finished = {x for r in steps for x in r["finished"].split(";") if x}
-        assert finished - admitted, "the case was meant to reject late requests"
+        assert finished - admitted, "the case was meant to reject requests"
+    if "Capped" in policy:
+        steps = read_steps(theirs.steps_csv).values()
+        assert any(x.endswith(":48") for r in steps for x in r["scheduled"].split(";"))
+
+
+def test_a_preemptive_policy_is_refused_in_vllm_with_the_reason(tmp_path, capfd):
+    needs_vllm()
+    stream = write_stream(StreamSpec(n=5), tmp_path / "stream.csv")
+    with pytest.raises(RuntimeError, match="vLLM replay failed"):
+        run_vllm(stream, Settings(policy="srpt", vllm_class=POLICY_CLASS), tmp_path)
+    assert "is preemptive" in capfd.readouterr().err
