@@ -28,6 +28,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+import vllm
 from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
@@ -39,6 +40,9 @@ from testbed.core.policy import VICTIM_SELECTORS, Decision, Policy, overrides
 from testbed.vllm_backend.queue import PolicyQueue
 from testbed.vllm_backend.support import POLICY_KEY, check_supported
 from testbed.vllm_backend.views import RequestView
+
+# The vLLM versions whose private methods the hooks were checked against.
+SUPPORTED_VERSIONS = ("0.32.", "0.34.")
 
 # Built-in victim selectors as one sort key each: the largest is preempted first.
 VICTIM_ORDER = {
@@ -70,13 +74,25 @@ class PolicyView:
     def prefix_hit_tokens(self, request: RequestView) -> int:
         if request.num_computed_tokens:
             return request.num_computed_tokens
-        return self.s.kv_cache_manager.get_num_cached_tokens(request.req)
+        kv, req = self.s.kv_cache_manager, request.req
+        probe = getattr(kv, "get_num_cached_tokens", None)
+        if probe is not None:
+            return probe(req)
+        # vLLM 0.32 has no side-effect-free probe: its lookup, without the references.
+        if not kv.prefix_cache_lookup_enabled(req):
+            return 0
+        return kv.coordinator.find_longest_cache_hit(req.block_hashes, req.num_tokens - 1)[1]
 
 
 class PolicyScheduler(Scheduler):
     """vLLM's scheduler deciding as the configured testbed policy decides."""
 
     def __init__(self, vllm_config, *args, **kwargs) -> None:
+        if not vllm.__version__.startswith(SUPPORTED_VERSIONS):
+            raise ValueError(
+                f"PolicyScheduler supports vLLM {', '.join(v + 'x' for v in SUPPORTED_VERSIONS)}"
+                f", not {vllm.__version__}: its hooks ride on private Scheduler methods"
+            )
         spec = (vllm_config.additional_config or {}).get(POLICY_KEY)
         if spec is None:
             raise ValueError(
