@@ -1,12 +1,16 @@
 """``python -m experiments.vllm_parity.matrix``: the comparison over a matrix of
 streams and settings (sizes, prefix sharing, tight and roomy caches, the
 long-prefill cap, both reservation settings, chunked prefill and prefix caching
-off, the priority policy, a large batch), with both control planes' cost per
-step. Prints a table; writes ``matrix.csv``, ``matrix.md``, ``matrix.json`` and
-``manifest.json`` to ``--out`` (``outputs/vllm_parity_matrix``).
+off, the priority policy, a large batch), then each non-preemptive bundled
+policy inside vLLM's scheduler (``testbed.vllm_backend``, the ``in-vllm`` cases,
+on streams with tenants, priorities, TTFT deadlines and shared prefixes), with
+both control planes' cost per step. Prints a table; writes ``matrix.csv``,
+``matrix.md``, ``matrix.json`` and ``manifest.json`` to ``--out``
+(``outputs/vllm_parity_matrix``).
 
     python -m experiments.vllm_parity.matrix            # every case (about 10 minutes here)
     python -m experiments.vllm_parity.matrix --only fcfs-3000 priority-1000
+    python -m experiments.vllm_parity.matrix --in-vllm   # the in-vllm cases only
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from experiments.fidelity.report import markdown_table
 from experiments.manifest import write_manifest
 from experiments.vllm_parity.cli import run_pair
 from experiments.vllm_parity.compare import read_steps
-from experiments.vllm_parity.reference import Settings
+from experiments.vllm_parity.reference import POLICY_CLASS, Settings
 from experiments.vllm_parity.streams import StreamSpec, write_stream
 
 S = StreamSpec
@@ -87,6 +91,52 @@ CASES: dict[str, tuple[StreamSpec, Settings]] = {
     ),
 }
 
+# A testbed policy inside vLLM's scheduler: tenants, priorities, deadlines, prefixes.
+MIXED = S(
+    n=2000,
+    rate=2.0,
+    share_frac=0.6,
+    priority_classes=4,
+    num_tenants=4,
+    ttft_slo_s=(5.0, 60.0),
+    seed=12,
+)
+IN_VLLM = ("fcfs", "priority", "sjf", "edf", "vtc", "cache_aware_sjf")  # srpt, mlfq: refused
+
+
+def in_vllm(policy: str, args: str = "{}", **settings) -> Settings:
+    return Settings(policy=policy, policy_args=args, vllm_class=POLICY_CLASS, **settings)
+
+
+for _p in IN_VLLM:
+    CASES[f"{_p}-in-vllm-roomy-2000"] = (MIXED, in_vllm(_p, num_gpu_blocks=512))
+    CASES[f"{_p}-in-vllm-tight-2000"] = (MIXED, in_vllm(_p, num_gpu_blocks=64))
+    CASES[f"{_p}-in-vllm-threshold-2000"] = (
+        MIXED,
+        in_vllm(_p, num_gpu_blocks=128, long_prefill_token_threshold=64),
+    )
+CASES.update(
+    {
+        "edf-reject-late-in-vllm-2000": (MIXED, in_vllm("edf", '{"reject_late": true}')),
+        "sjf-aging-in-vllm-2000": (
+            MIXED,
+            in_vllm("sjf", '{"aging_tokens_per_s": 2.0}', num_gpu_blocks=64),
+        ),
+        "priority-aging-in-vllm-2000": (
+            MIXED,
+            in_vllm("priority", '{"aging_interval_s": 20.0}', num_gpu_blocks=64),
+        ),
+        "vtc-lowest-rank-in-vllm-2000": (
+            MIXED,
+            in_vllm("vtc", '{"victim": "lowest_rank"}', num_gpu_blocks=64),
+        ),
+        "cache-aware-sjf-share0.9-in-vllm-2000": (
+            S(n=2000, rate=2.0, share_frac=0.9, num_prefixes=2, num_tenants=4, seed=13),
+            in_vllm("cache_aware_sjf", num_gpu_blocks=128),
+        ),
+    }
+)
+
 
 def run_matrix(names: list[str], out: Path) -> pd.DataFrame:
     rows = []
@@ -99,6 +149,9 @@ def run_matrix(names: list[str], out: Path) -> pd.DataFrame:
         rows.append(
             dict(
                 case=name,
+                policy=settings.policy
+                + ("" if settings.policy_args in ("", "{}") else f" {settings.policy_args}"),
+                in_vllm=settings.vllm_class is not None,
                 requests=spec.n,
                 steps_vllm=result.steps_vllm,
                 identical_steps=result.identical,
@@ -128,8 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", type=Path, default=Path("outputs/vllm_parity_matrix"))
     p.add_argument("--only", nargs="+", choices=sorted(CASES), help="these cases only")
+    p.add_argument("--in-vllm", action="store_true", help="the policy-in-vLLM cases only")
     a = p.parse_args(argv)
-    names = a.only or list(CASES)
+    names = a.only or [n for n in CASES if not a.in_vllm or "-in-vllm" in n]
     table = run_matrix(names, a.out)
     flat = table.drop(columns=["stream", "settings"])
     flat.to_csv(a.out / "matrix.csv", index=False)
