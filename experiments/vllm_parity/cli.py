@@ -87,6 +87,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help=f"run the policy inside vLLM with this scheduler class (default {POLICY_CLASS})",
     )
+    e.add_argument(
+        "--forget-uncomputed",
+        action="store_true",
+        help="with --vllm-class: unfind the blocks a victim preempted after its scheduling "
+        "in the same step had cached (never written), as our KV manager does",
+    )
     e.add_argument("--max-model-len", type=int, default=None)
     return p.parse_args(argv)
 
@@ -122,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         policy=a.policy,
         policy_args=a.policy_args,
         vllm_class=a.vllm_class,
+        forget_uncomputed=a.forget_uncomputed,
         max_model_len=a.max_model_len,
     )
     result, ours, theirs = run_pair(stream, settings, out)

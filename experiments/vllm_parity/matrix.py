@@ -117,6 +117,27 @@ for _p in IN_VLLM:
     )
 CASES.update(
     {
+        # vLLM keeps a same-step victim's never-written blocks findable; the testbed
+        # does not (the *-threshold cases of sjf and edf part there): the class can
+        # do as the testbed.
+        "sjf-in-vllm-threshold-forget-2000": (
+            MIXED,
+            in_vllm(
+                "sjf",
+                num_gpu_blocks=128,
+                long_prefill_token_threshold=64,
+                forget_uncomputed=True,
+            ),
+        ),
+        "edf-in-vllm-threshold-forget-2000": (
+            MIXED,
+            in_vllm(
+                "edf",
+                num_gpu_blocks=128,
+                long_prefill_token_threshold=64,
+                forget_uncomputed=True,
+            ),
+        ),
         "edf-reject-late-in-vllm-2000": (MIXED, in_vllm("edf", '{"reject_late": true}')),
         "sjf-aging-in-vllm-2000": (
             MIXED,

@@ -81,6 +81,8 @@ class Settings:
     policy: str = "fcfs"  # a bundled policy's name (stock vLLM: fcfs or priority)
     policy_args: str = "{}"  # its constructor's arguments, as JSON
     vllm_class: str | None = None  # vLLM's scheduler_cls running the policy; None: stock
+    # With vllm_class: unfind a same-step victim's uncomputed blocks, as our KV manager does.
+    forget_uncomputed: bool = False
     max_model_len: int | None = None
     step_time_s: float | None = None  # for streams with arrival_s
     seed: int = 0
@@ -126,6 +128,8 @@ class Settings:
         if self.vllm_class is not None:  # read by vllm_shim.py, not by the tool
             args.append(f"--testbed-policy={json.dumps(self.policy_spec())}")
             args.append(f"--scheduler-cls={self.vllm_class}")
+            if self.forget_uncomputed:
+                args.append("--testbed-forget-uncomputed=1")
         return args
 
 

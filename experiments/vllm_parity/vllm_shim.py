@@ -2,7 +2,8 @@
 with a testbed policy inside vLLM's scheduler.
 
 Usage (with the replay venv's python):
-``vllm_shim.py TOOL_DIR [--testbed-policy=JSON [--scheduler-cls=QUALNAME]] [vllm_steps args]``.
+``vllm_shim.py TOOL_DIR [--testbed-policy=JSON [--scheduler-cls=QUALNAME]
+[--testbed-forget-uncomputed=1]] [vllm_steps args]``.
 
 The tool gives every request priority 0; a ``priority`` column of the stream
 CSV (lower first, as in vLLM) is set on each vLLM ``Request`` as it is made, and
@@ -13,7 +14,9 @@ With ``--testbed-policy`` (a ``policies.make_policy`` mapping, as JSON) the tool
 builds ``--scheduler-cls`` (default
 ``testbed.vllm_backend.scheduler.PolicyScheduler``) in place of vLLM's
 scheduler, with the spec in ``additional_config`` and the replay's clock: the
-policy's ``now`` is the step index, as on our side (``ours.py``). The project
+policy's ``now`` is the step index, as on our side (``ours.py``). With
+``--testbed-forget-uncomputed=1`` the class unfinds the blocks a victim
+preempted after its scheduling in the same step had cached, as our KV manager does. The project
 root must be on ``PYTHONPATH``. vLLM and the tool are not modified.
 """
 
@@ -38,11 +41,11 @@ def _option(argv: list[str], name: str) -> tuple[str | None, list[str]]:
     return (found[-1][len(flag) :] if found else None), [a for a in argv if not a.startswith(flag)]
 
 
-def _replay_class(qualname: str, spec: dict, arrival_step: dict[str, int]) -> type:
+def _replay_class(qualname: str, spec: dict, arrival_step: dict[str, int], forget: bool) -> type:
     """The scheduler class with ``spec`` in its config and the step index as clock."""
     from vllm.utils.import_utils import resolve_obj_by_qualname
 
-    from testbed.vllm_backend.support import POLICY_KEY
+    from testbed.vllm_backend.support import FORGET_KEY, POLICY_KEY
 
     base = resolve_obj_by_qualname(qualname)
 
@@ -52,6 +55,7 @@ def _replay_class(qualname: str, spec: dict, arrival_step: dict[str, int]) -> ty
             self._step = 0
             extra = dict(vllm_config.additional_config or {})
             extra[POLICY_KEY] = spec
+            extra[FORGET_KEY] = forget
             vllm_config.additional_config = extra
             super().__init__(vllm_config, *args, **kwargs)
 
@@ -75,6 +79,7 @@ def main() -> int:
     tool_dir, argv = sys.argv[1], sys.argv[2:]
     spec_json, argv = _option(argv, "testbed-policy")
     qualname, argv = _option(argv, "scheduler-cls")
+    forget, argv = _option(argv, "testbed-forget-uncomputed")
     sys.path.insert(0, tool_dir)
     import vllm_steps
 
@@ -111,7 +116,10 @@ def main() -> int:
         step_time, _ = _option(argv, "step-time-s")
         reqs = vllm_steps.load_requests(stream, float(step_time) if step_time else None)
         cls = _replay_class(
-            qualname or DEFAULT_CLASS, json.loads(spec_json), {r.rid: r.arrival_step for r in reqs}
+            qualname or DEFAULT_CLASS,
+            json.loads(spec_json),
+            {r.rid: r.arrival_step for r in reqs},
+            forget == "1",
         )
         SchedulerConfig.get_scheduler_cls = lambda self: cls
     return vllm_steps.main(argv)

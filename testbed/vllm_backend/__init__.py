@@ -6,6 +6,6 @@ imported where vLLM is installed. This package and :mod:`.support` do not
 import vLLM: the refusal rule and the per-request view are plain Python.
 """
 
-from testbed.vllm_backend.support import POLICY_KEY, check_supported, refusal
+from testbed.vllm_backend.support import FORGET_KEY, POLICY_KEY, check_supported, refusal
 
-__all__ = ["POLICY_KEY", "check_supported", "refusal"]
+__all__ = ["FORGET_KEY", "POLICY_KEY", "check_supported", "refusal"]

@@ -38,7 +38,7 @@ from policies import make_policy
 from testbed.core.outputs import SchedulerOutput as TestbedOutput
 from testbed.core.policy import VICTIM_SELECTORS, Decision, Policy, overrides
 from testbed.vllm_backend.queue import PolicyQueue
-from testbed.vllm_backend.support import POLICY_KEY, check_supported
+from testbed.vllm_backend.support import FORGET_KEY, POLICY_KEY, check_supported
 from testbed.vllm_backend.views import RequestView
 
 # The vLLM versions whose private methods the hooks were checked against.
@@ -136,6 +136,10 @@ class PolicyScheduler(Scheduler):
             policy._select is VICTIM_SELECTORS.get(policy.victim)
         )
         self._victim_order = VICTIM_ORDER[policy.victim] if builtin else None
+        # vLLM keeps findable the blocks it cached at allocation for a victim that
+        # was scheduled earlier in the same step, whose KV is then never written;
+        # the testbed unfinds them. On: do as the testbed (see _forget_uncomputed).
+        self._forget = bool((vllm_config.additional_config or {}).get(FORGET_KEY, False))
         policy.attach(PolicyView(self))
 
     def tb_now(self) -> float:
@@ -207,7 +211,23 @@ class PolicyScheduler(Scheduler):
                     f"vLLM preempted {request.request_id} but policy "
                     f"{self.tb_policy.name!r} picks {want.request_id}"
                 )
+            if self._forget:
+                self._forget_uncomputed(request)
         super()._preempt_request(request, timestamp, *args, **kwargs)
+
+    def _forget_uncomputed(self, request: Request) -> None:
+        """Unfind the blocks cached for this step's tokens of a victim (from the block
+        holding its first uncomputed token on), as the testbed's KV manager does."""
+        manager = self.kv_cache_manager
+        pool = manager.block_pool
+        for single in manager.coordinator.single_type_managers:
+            blocks = single.req_to_blocks.get(request.request_id, ())
+            start = request.num_computed_tokens // single.block_size
+            cached = single.num_cached_block.get(request.request_id, 0)
+            for block in blocks[start:cached]:
+                pool._maybe_evict_cached_block(block)
+            if cached > start:
+                single.num_cached_block[request.request_id] = start
 
     def _handle_blocked_waiting_request(self, request: Request) -> bool:
         if not super()._handle_blocked_waiting_request(request):

@@ -11,6 +11,8 @@ from testbed.core.policy import Policy
 
 # The key of ``VllmConfig.additional_config`` that holds the policy spec.
 POLICY_KEY = "testbed_policy"
+# The key of ``additional_config`` that, true, unfinds a same-step victim's blocks.
+FORGET_KEY = "testbed_forget_uncomputed"
 
 PREEMPTIVE = (
     "is preemptive: its waiting requests displace running ones between vLLM's "
