@@ -8,11 +8,14 @@ reference.py`` says how to build the venv); skipped, with that command, elsewher
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from experiments.vllm_parity import reference
 from experiments.vllm_parity.cli import run_pair
 from experiments.vllm_parity.compare import compare, read_steps
+from experiments.vllm_parity.matrix import MIXED as MATRIX_MIXED
 from experiments.vllm_parity.reference import POLICY_CLASS, Settings, run_vllm
 from experiments.vllm_parity.streams import StreamSpec, write_stream
 
@@ -94,3 +97,25 @@ def test_a_preemptive_policy_is_refused_in_vllm_with_the_reason(tmp_path, capfd)
     with pytest.raises(RuntimeError, match="vLLM replay failed"):
         run_vllm(stream, Settings(policy="srpt", vllm_class=POLICY_CLASS), tmp_path)
     assert "is preemptive" in capfd.readouterr().err
+
+
+def test_a_same_step_victims_blocks_stay_findable_in_vllm_unless_the_class_forgets(tmp_path):
+    """vLLM caches a request's full blocks when it allocates them; a victim preempted
+    after its scheduling in the same step leaves them findable though their KV is
+    never written, where our KV manager unfinds them. The first divergence is a
+    resume that hits more in vLLM; with forget_uncomputed the class does as ours."""
+    needs_vllm()
+    stream = write_stream(replace(MATRIX_MIXED, n=1300), tmp_path / "stream.csv")
+    settings = Settings(
+        num_gpu_blocks=128, long_prefill_token_threshold=64, policy="sjf", vllm_class=POLICY_CLASS
+    )
+    result, _, _ = run_pair(stream, settings, tmp_path / "kept")
+    assert not result.same and "resumed" in result.first_fields
+    ours, theirs = result.rows
+    hit = {r.split(":")[0]: int(r.split(":")[1]) for r in ours["resumed"].split(";") if r}
+    more = [
+        r for r in theirs["resumed"].split(";") if r and int(r.split(":")[1]) > hit[r.split(":")[0]]
+    ]
+    assert more, (ours["resumed"], theirs["resumed"])
+    forgot, _, _ = run_pair(stream, replace(settings, forget_uncomputed=True), tmp_path / "forgot")
+    assert forgot.same, forgot.summary()
