@@ -126,6 +126,7 @@ class PolicyScheduler(Scheduler):
         self._arrivals = 0
         self._now = 0.0
         self._in_schedule = False
+        self._order: dict[str, int] = {}
         self._rejected: list[tuple[Request, str]] = []
         self._finished_views: list[RequestView] = []  # aborted or rejected, for on_step
         self.waiting = PolicyQueue(policy, self._view_of, lambda: self._now)
@@ -183,6 +184,8 @@ class PolicyScheduler(Scheduler):
     def _rank_victims(self, now: float) -> None:
         """Write each running request's victim rank into ``priority`` (largest first out)."""
         running = self.running
+        # The step's running order, in which the guard hands the policy its candidates.
+        self._order = {r.request_id: i for i, r in enumerate(running)}
         if len(running) < 2:
             return
         views, policy = self.views, self.tb_policy
@@ -202,9 +205,12 @@ class PolicyScheduler(Scheduler):
 
     def _preempt_request(self, request: Request, timestamp: float, *args, **kwargs) -> None:
         if self._in_schedule:
-            views = self.views
-            cands = [views[r.request_id] for r in self.running if r is not request]
-            cands.append(views[request.request_id])
+            views, order = self.views, self._order
+            # The running requests as the testbed's would stand: the victim in its place.
+            cands = [r for r in self.running if r is not request]
+            cands.append(request)
+            cands.sort(key=lambda r: order[r.request_id])
+            cands = [views[r.request_id] for r in cands]
             want = self.tb_policy.select_victim(cands, self._now)
             if want.req is not request:
                 raise AssertionError(

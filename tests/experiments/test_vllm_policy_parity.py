@@ -69,6 +69,7 @@ def test_fcfs_through_the_class_is_stock_vllm_and_the_testbed(tmp_path):
         ("sjf", '{"victim": "least_computed"}'),
         (f"{TEST_POLICIES}:CappedFCFS", "{}"),  # token_cap
         (f"{TEST_POLICIES}:DeferringSJF", "{}"),  # admit: defer and reject
+        (f"{TEST_POLICIES}:FirstRunningVictim", "{}"),  # a custom select_victim
     ],
 )
 def test_a_policy_in_vllm_schedules_every_step_as_the_testbed(policy, args, tmp_path):

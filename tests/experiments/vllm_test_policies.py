@@ -30,3 +30,13 @@ class DeferringSJF(SJF):
         if request.num_prompt_tokens > 250 and self.view.kv_usage > 0.5:
             return Admission(Decision.DEFER)
         return ADMIT
+
+
+class FirstRunningVictim(FCFS):
+    """FCFS that preempts the running request served first (a custom selector that
+    reads the candidates' order)."""
+
+    name = "first_running_victim"
+
+    def select_victim(self, candidates, now: float):
+        return candidates[0]
