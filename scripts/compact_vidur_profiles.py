@@ -2,7 +2,7 @@
 GEMM and elementwise curves that stand in for shapes they lack, and check both.
 
     python scripts/compact_vidur_profiles.py [VIDUR_DIR]         # write testbed/sim/data/*.json
-    python scripts/compact_vidur_profiles.py --leave-one-out     # check the fitted curves
+    python scripts/vidur_leave_one_out.py                        # check the fitted curves
 
 ``VIDUR_DIR`` (default ``../shared/data/vidur-profiles`` beside the project) holds
 ``compute/<gpu>/<org>/<model>/mlp.csv`` and ``network/<gpu>_<topology>/*.csv``.
@@ -22,9 +22,7 @@ Times in ms to 4 significant digits. Prints how far the thinned grid is from eve
 Fit: ``testbed/sim/operators.py`` states the curves; least squares on log time over every
 linear-op row (and every elementwise row) of one GPU, Levenberg-Marquardt in numpy, once
 with all tables and once without each model (``fit_without``, for the leave-one-out
-check). ``--leave-one-out`` loads the written files with each model left out, predicts
-that model's ops at a few token counts and TP degrees from the curve fitted without it,
-prints the errors and writes them as JSON.
+check in ``scripts/vidur_leave_one_out.py``).
 """
 
 from __future__ import annotations
@@ -54,8 +52,6 @@ from testbed.sim.operators import (  # noqa: E402
     Fit,
     GemmFit,
     LayerShape,
-    OperatorTimes,
-    gpus,
 )
 
 DEFAULT_VIDUR = ROOT.parent / "shared" / "data" / "vidur-profiles"
@@ -68,7 +64,6 @@ SOURCE = {
     "unit": "ms",
 }
 FLOOR_MS = 0.0015  # the tables' resolution is 1 us: a miss this small is not a miss
-LOO_TOKENS = (1, 16, 128, 512, 2048, 4096)
 POOLED_KINDS = ("norm", "act", "add")
 
 
@@ -491,89 +486,6 @@ def _shown(path: Path) -> Path:
     return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
 
 
-# ------------------------------------------------------------------------ leave one out
-
-
-def leave_one_out(vidur: Path, data_dir: Path, out: Path) -> None:
-    """Each model's ops from the curve fitted without it, against its measured rows: at
-    ``LOO_TOKENS`` per op and per layer, and over every measured row per layer."""
-    rows, every = [], []
-    for gpu in gpus(data_dir):
-        for tab in read_compute(vidur, gpu):
-            times = OperatorTimes.load(gpu, data_dir, exclude=tab.model)
-            for tp, part in tab.ms.groupby(level="tp"):
-                part = part.droplevel("tp")
-                fitted = times.layer(tab.shape, int(tp), fitted=True)
-                other = times.layer(tab.shape, int(tp))  # another table of this shape, if any
-                ops = [op for op in OPS if op in part]
-                for tokens in part.index:
-                    measured = part.loc[tokens, ops] * 1e-3
-                    pred = fitted.seconds(int(tokens))
-                    layer = sum(pred[op] for op in ops) / measured.sum() - 1
-                    every.append({"gpu": gpu, "model": tab.model, "layer": abs(layer)})
-                    if tokens not in LOO_TOKENS:
-                        continue
-                    row = {"gpu": gpu, "model": tab.model, "tp": int(tp), "tokens": int(tokens)}
-                    row |= {op: round(pred[op] / measured[op] - 1, 4) for op in ops}
-                    row["layer"] = round(layer, 4)
-                    if other.measured:
-                        same = other.seconds(int(tokens))
-                        row["layer_other_table"] = round(
-                            sum(same[op] for op in ops) / measured.sum() - 1, 4
-                        )
-                    rows.append(row)
-    df, all_rows = pd.DataFrame(rows), pd.DataFrame(every)
-    print("Leave one model out: |predicted / measured - 1| of the curve fitted without the model,")
-    print(f"at tokens {LOO_TOKENS} x each measured TP degree, and per layer over every row\n")
-    print(
-        f"{'gpu':<5} {'model':<36} {'op med':>7} {'op max':>7} {'layer med':>9} "
-        f"{'layer max':>9} {'all rows: layer med':>20} {'p90':>6}"
-    )
-    summary = []
-    for (gpu, model), g in df.groupby(["gpu", "model"], sort=False):
-        ops = g[[op for op in OPS if op in g]].abs().to_numpy().ravel()
-        ops = ops[~np.isnan(ops)]
-        lay = g["layer"].abs()
-        a = all_rows[(all_rows.gpu == gpu) & (all_rows.model == model)].layer
-        line = {
-            "gpu": gpu,
-            "model": model,
-            "op_median": float(np.median(ops)),
-            "op_max": float(ops.max()),
-            "layer_median": float(lay.median()),
-            "layer_max": float(lay.max()),
-            "all_rows_layer_median": float(a.median()),
-            "all_rows_layer_p90": float(a.quantile(0.9)),
-        }
-        summary.append(line)
-        print(
-            f"{gpu:<5} {model:<36} {line['op_median']:7.1%} {line['op_max']:7.1%} "
-            f"{line['layer_median']:9.1%} {line['layer_max']:9.1%} "
-            f"{line['all_rows_layer_median']:20.1%} {line['all_rows_layer_p90']:6.1%}"
-        )
-    print("\nper op, all models (median / max):")
-    for gpu, g in df.groupby("gpu"):
-        cells = [
-            f"{op} {g[op].abs().median():.0%}/{g[op].abs().max():.0%}" for op in [*OPS, "layer"]
-        ]
-        print(f"  {gpu}: " + ", ".join(cells))
-    if "layer_other_table" in df:
-        print("\na table of the same shape (another model's) instead of the curve, per layer:")
-        for (gpu, model), g in df.dropna(subset=["layer_other_table"]).groupby(["gpu", "model"]):
-            e = g["layer_other_table"].abs()
-            print(f"  {gpu} {model}: median {e.median():.1%}, max {e.max():.1%}")
-    from benchmarks.common import write_results
-
-    write_results(
-        out,
-        "vidur_leave_one_out",
-        rows,
-        summary=summary,
-        tokens=list(LOO_TOKENS),
-        data_dir=str(data_dir),
-    )
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -584,17 +496,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out-dir", type=Path, default=DATA_DIR, help="where the JSON files go")
     ap.add_argument("--tol", type=float, default=0.05, help="thinning: largest relative miss")
     ap.add_argument("--max-knots", type=int, default=48, help="thinning: most knots per op")
-    ap.add_argument("--leave-one-out", action="store_true", help="check the fitted curves")
-    ap.add_argument(
-        "--out", type=Path, default=ROOT / "outputs" / "vidur_fit" / "leave_one_out.json"
-    )
     args = ap.parse_args(argv)
     if not (args.vidur / "compute").is_dir():
         sys.exit(f"no Vidur profiles at {args.vidur} (expected compute/ and network/ in it)")
-    if args.leave_one_out:
-        leave_one_out(args.vidur, args.out_dir, args.out)
-    else:
-        write_all(args.vidur, args.out_dir, args.tol, args.max_knots)
+    write_all(args.vidur, args.out_dir, args.tol, args.max_knots)
 
 
 if __name__ == "__main__":
