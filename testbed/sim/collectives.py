@@ -15,6 +15,14 @@ from pathlib import Path
 from typing import Any
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
+# A collective where none was measured (the roofline, a GPU without tables): a ring
+# over the spec sheet's link, after a fixed start-up latency of NCCL's order.
+RING_LATENCY_S = 20e-6
+
+
+def ring_share(n: int) -> float:
+    """The share of a message each of ``n`` ranks sends in a ring all-reduce."""
+    return 2 * (n - 1) / n
 
 
 class _Curve:

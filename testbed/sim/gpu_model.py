@@ -39,7 +39,7 @@ import numpy as np
 from testbed.hardware import HardwareSpec, spec_sheet
 from testbed.models import DTYPE_BYTES, GPUMemory, ModelSpec
 from testbed.sim.attention_kernel import AttentionKernel
-from testbed.sim.collectives import Collectives
+from testbed.sim.collectives import RING_LATENCY_S, Collectives, ring_share
 from testbed.sim.operators import LayerShape, OperatorTimes, gpus
 
 # A GPU priced with another's measured operator tables (the same die, or the
@@ -53,9 +53,6 @@ BASE_GPU = {
 }
 # Measured NCCL tables: (GPU, topology) by hardware entry (NVSwitch nodes).
 COLLECTIVES = {"h100": ("h100", "dgx"), "h200": ("h100", "dgx"), "a100": ("a100", "dgx")}
-# A collective without a measured table: ring all-reduce at the spec sheet's
-# interconnect bandwidth after a fixed start-up latency of NCCL's order.
-ANALYTIC_COLLECTIVE_LATENCY_S = 20e-6
 # vLLM's own all-reduce over NVLink, inside CUDA graphs, for messages below 8 MiB
 # (its custom kernel, or symmetric-memory all-reduce where that takes over): a
 # fixed cost by ranks plus about 8 us per MiB, from published kernel benchmarks on
@@ -153,7 +150,7 @@ class Collective:
         elif hw.interconnect_bandwidth > 0:
             self.source = (
                 f"analytic ring over {hw.interconnect} at {hw.interconnect_bandwidth / 1e9:g} GB/s "
-                f"({hw.name} spec sheet) + {ANALYTIC_COLLECTIVE_LATENCY_S * 1e6:g} us"
+                f"({hw.name} spec sheet) + {RING_LATENCY_S * 1e6:g} us"
             )
         else:
             self.source = f"none: {hw.name} has no interconnect"
@@ -170,12 +167,12 @@ class Collective:
             return CUSTOM_ALL_REDUCE_S[n] + nbytes * CUSTOM_ALL_REDUCE_S_PER_BYTE
         if self.measured is not None:
             return self.measured.all_reduce_s(nbytes, n)
-        return ANALYTIC_COLLECTIVE_LATENCY_S + 2 * (n - 1) / n * nbytes / self._bandwidth(n)
+        return RING_LATENCY_S + ring_share(n) * nbytes / self._bandwidth(n)
 
     def send_recv_s(self, nbytes: float) -> float:
         if self.measured is not None:
             return self.measured.send_recv_s(nbytes)
-        return ANALYTIC_COLLECTIVE_LATENCY_S + nbytes / self._bandwidth(2)
+        return RING_LATENCY_S + nbytes / self._bandwidth(2)
 
     def _bandwidth(self, n: int) -> float:
         if self.hw.interconnect_bandwidth <= 0:

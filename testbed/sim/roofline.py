@@ -6,9 +6,7 @@ import numpy as np
 
 from testbed.hardware import HardwareSpec
 from testbed.models import DTYPE_BYTES, ModelSpec
-
-# The start-up latency of one collective over the interconnect (NCCL's order).
-COLLECTIVE_LATENCY_S = 20e-6
+from testbed.sim.collectives import RING_LATENCY_S, ring_share
 
 
 class RooflineModel:
@@ -51,9 +49,9 @@ class RooflineModel:
                 )
             token_bytes = model.hidden_size * DTYPE_BYTES[dtype]
             reduces = 2 * model.num_layers if tensor > 1 else 0
-            ring = 2 * (tensor - 1) / tensor
+            ring = ring_share(tensor)
             self._s_comm_per_token = (reduces * ring + 2 * (pipeline - 1)) * token_bytes / link
-            self._s_comm = (reduces + pipeline - 1) * COLLECTIVE_LATENCY_S
+            self._s_comm = (reduces + pipeline - 1) * RING_LATENCY_S
 
     def predict(self, num_reqs, num_tokens, attn_pairs, kv_tokens, max_kv) -> float:
         # max_kv: a roofline charges work and bytes, not how they are spread
