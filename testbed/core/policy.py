@@ -75,21 +75,31 @@ class SchedulerView(Protocol):
 
 
 # --- preemption victims -----------------------------------------------------
-def newest_first(candidates: Sequence[Request], policy: Policy, now: float) -> Request:
-    """The engines' default (vLLM, SGLang): the most recently arrived request."""
-    return max(candidates, key=lambda r: (r.arrival_time, r.arrival_seq))
+# Each built-in victim rule as a sort key: the candidate with the largest is
+# preempted first (``testbed.vllm_backend`` ranks vLLM's running list by the same).
+VICTIM_KEYS: dict[str, Callable[[Request, Policy, float], tuple]] = {
+    # the engines' default (vLLM, SGLang): the most recently arrived request
+    "newest": lambda r, policy, now: (r.arrival_time, r.arrival_seq),
+    # the request that loses the least work when recomputed
+    "least_computed": lambda r, policy, now: (-r.num_computed_tokens, r.arrival_seq),
+    # the request the policy itself ranks last (largest key)
+    "lowest_rank": lambda r, policy, now: (policy.key(r, now), r.arrival_seq),
+}
 
 
-def least_computed_first(candidates: Sequence[Request], policy: Policy, now: float) -> Request:
-    """The request that loses the least work when recomputed."""
-    return min(candidates, key=lambda r: (r.num_computed_tokens, -r.arrival_seq))
+def _selector(name: str) -> Callable[[Sequence[Request], Policy, float], Request]:
+    key = VICTIM_KEYS[name]
+
+    def select(candidates: Sequence[Request], policy: Policy, now: float) -> Request:
+        return max(candidates, key=lambda r: key(r, policy, now))
+
+    select.__name__ = f"{name}_first"
+    return select
 
 
-def lowest_rank_first(candidates: Sequence[Request], policy: Policy, now: float) -> Request:
-    """The request the policy itself ranks last (largest key)."""
-    return max(candidates, key=lambda r: (policy.key(r, now), r.arrival_seq))
-
-
+newest_first = _selector("newest")
+least_computed_first = _selector("least_computed")
+lowest_rank_first = _selector("lowest_rank")
 VICTIM_SELECTORS: dict[str, Callable[[Sequence[Request], Policy, float], Request]] = {
     "newest": newest_first,
     "least_computed": least_computed_first,

@@ -36,20 +36,13 @@ from vllm.v1.request import Request, RequestStatus
 
 from policies import make_policy
 from testbed.core.outputs import SchedulerOutput as TestbedOutput
-from testbed.core.policy import VICTIM_SELECTORS, Decision, Policy, overrides
+from testbed.core.policy import VICTIM_KEYS, VICTIM_SELECTORS, Decision, Policy, overrides
 from testbed.vllm_backend.queue import PolicyQueue
 from testbed.vllm_backend.support import FORGET_KEY, POLICY_KEY, check_supported
 from testbed.vllm_backend.views import RequestView
 
 # The vLLM versions whose private methods the hooks were checked against.
 SUPPORTED_VERSIONS = ("0.32.", "0.34.")
-
-# Built-in victim selectors as one sort key each: the largest is preempted first.
-VICTIM_ORDER = {
-    "newest": lambda v, policy, now: (v.arrival_time, v.arrival_seq),
-    "least_computed": lambda v, policy, now: (-v.num_computed_tokens, v.arrival_seq),
-    "lowest_rank": lambda v, policy, now: (policy.key(v, now), v.arrival_seq),
-}
 
 
 class PolicyView:
@@ -136,7 +129,7 @@ class PolicyScheduler(Scheduler):
         builtin = not overrides(policy, "select_victim") and (
             policy._select is VICTIM_SELECTORS.get(policy.victim)
         )
-        self._victim_order = VICTIM_ORDER[policy.victim] if builtin else None
+        self._victim_order = VICTIM_KEYS[policy.victim] if builtin else None
         # vLLM keeps findable the blocks it cached at allocation for a victim that
         # was scheduled earlier in the same step, whose KV is then never written;
         # the testbed unfinds them. On: do as the testbed (see _forget_uncomputed).
