@@ -282,7 +282,7 @@ def engine_args(cfg: DictConfig) -> EngineArgs:
         model=run_model(cfg).name,
         policy=policy_config(cfg),
         speculative_config=vllm_fields(e.speculative) if e.speculative.method else None,
-        device=cfg.mode.device,
+        device=cfg.mode.get("device"),
         threads=hw.threads,
         cpus=OmegaConf.to_container(hw.cpus) if hw.cpus is not None else None,
         seed=cfg.seed,
@@ -417,7 +417,10 @@ def load_requests(
     if stream:
         return trace, RequestStream(trace)
     requests = to_requests(
-        trace, with_tokens=cfg.mode.name == "real", vocab_size=spec.vocab_size, seed=cfg.seed
+        trace,
+        with_tokens=cfg.mode.name in ("real", "vllm"),
+        vocab_size=spec.vocab_size,
+        seed=cfg.seed,
     )
     return trace, requests
 

@@ -174,6 +174,18 @@ class RealMode:
 
 
 @dataclass
+class VllmMode:
+    """vLLM itself on the wall clock (its own environment, set up on first use), with
+    the run's policy inside its scheduler; requests injected at their arrival times."""
+
+    name: str = "vllm"
+    max_wall_s: float | None = None  # stop replaying after this many seconds (partial)
+    # Unfind a same-step victim's never-computed cached blocks, as the testbed's KV
+    # manager does (vLLM 0.32/0.34 keep them findable); off: vLLM as it is.
+    forget_uncomputed: bool = False
+
+
+@dataclass
 class ProfileMode:
     """Measure the real engine's steps and write profiles/<hardware>/<model>.csv."""
 
@@ -449,6 +461,7 @@ def register() -> None:
     cs.store(group="cluster", name="base_cluster", node=ClusterConfig)
     cs.store(group="mode", name="sim", node=SimMode)
     cs.store(group="mode", name="real", node=RealMode)
+    cs.store(group="mode", name="vllm", node=VllmMode)
     cs.store(group="mode", name="profile", node=ProfileMode)
     cs.store(group="hardware", name="base_hardware", node=HardwareConfig)
     cs.store(group="model", name="base_model", node=ModelEntry)

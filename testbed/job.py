@@ -98,8 +98,12 @@ def run_claimed(cfg: DictConfig, run_dir: Path, wall_start: float) -> dict[str, 
                 from testbed.modes.real import run_real  # torch, only where a mode needs it
 
                 result, extra = run_real(cfg, requests, spec, progress)
+            elif cfg.mode.name == "vllm":
+                from testbed.modes.vllm import run_vllm  # torch, only where a mode needs it
+
+                result, extra = run_vllm(cfg, requests, spec, progress)
             else:
-                raise ValueError(f"unknown mode {cfg.mode.name!r}: sim, real or profile")
+                raise ValueError(f"unknown mode {cfg.mode.name!r}: sim, real, vllm or profile")
         finally:
             progress.close()
         req_df = requests_frame(result.requests)

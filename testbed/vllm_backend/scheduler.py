@@ -38,6 +38,7 @@ from policies import make_policy
 from testbed.core.outputs import SchedulerOutput as TestbedOutput
 from testbed.core.policy import VICTIM_KEYS, VICTIM_SELECTORS, Decision, Policy, overrides
 from testbed.vllm_backend.queue import PolicyQueue
+from testbed.vllm_backend.steps import STEP_LOG_KEY, VllmStep, is_decode
 from testbed.vllm_backend.support import FORGET_KEY, POLICY_KEY, check_supported
 from testbed.vllm_backend.views import RequestView
 
@@ -134,6 +135,11 @@ class PolicyScheduler(Scheduler):
         # was scheduled earlier in the same step, whose KV is then never written;
         # the testbed unfinds them. On: do as the testbed (see _forget_uncomputed).
         self._forget = bool((vllm_config.additional_config or {}).get(FORGET_KEY, False))
+        # Each step's record (testbed.vllm_backend.steps), drained by its reader.
+        self.step_log: list[VllmStep] | None = (
+            [] if (vllm_config.additional_config or {}).get(STEP_LOG_KEY) else None
+        )
+        self._step: VllmStep | None = None
         policy.attach(PolicyView(self))
 
     def tb_now(self) -> float:
@@ -172,7 +178,23 @@ class PolicyScheduler(Scheduler):
         if self._rejected:
             ids = [r.request_id for r, _ in self._rejected]
             self.finish_requests(ids, RequestStatus.FINISHED_ABORTED)
+        if self.step_log is not None:
+            self._step = self._record_schedule(out, now)
         return out
+
+    def _record_schedule(self, out, start: float) -> VllmStep:
+        """The step's record as scheduling leaves it: its new and resumed requests,
+        its victims and the KV it holds."""
+        cached = out.scheduled_cached_reqs
+        resumed = getattr(cached, "resumed_req_ids", None) or ()
+        return VllmStep(
+            schedule_start=start,
+            schedule_end=self.tb_now(),
+            new_ids=[r.req_id for r in out.scheduled_new_reqs]
+            + [r for r in cached.req_ids if r in resumed],
+            preempted_ids=list(out.preempted_req_ids or ()),
+            kv_usage=self.kv_cache_manager.usage,
+        )
 
     def _rank_victims(self, now: float) -> None:
         """Write each running request's victim rank into ``priority`` (largest first out)."""
@@ -270,6 +292,16 @@ class PolicyScheduler(Scheduler):
                 step.num_scheduled_tokens.append(n)
                 step.context_lens.append(view.num_computed_tokens - n)
                 step.total_num_scheduled_tokens += n
+        record, self._step = self._step, None
+        if record is not None:
+            record.update_start = now
+            for rid, n in scheduler_output.num_scheduled_tokens.items():
+                req = views[rid].req
+                context = req.num_computed_tokens - n
+                record.request_ids.append(rid)
+                record.num_tokens.append(n)
+                record.contexts.append(context)
+                record.decode.append(is_decode(context, req.num_tokens))
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         finished, self._finished_views = self._finished_views, []
         if self._rejected:
@@ -292,4 +324,8 @@ class PolicyScheduler(Scheduler):
             self.tb_policy.on_step(step, finished, now)
         for view in finished:
             views.pop(view.request_id, None)
+        if record is not None:
+            record.num_waiting, record.num_running = len(self.waiting), len(self.running)
+            record.update_end = self.tb_now()
+            self.step_log.append(record)
         return outputs
