@@ -65,6 +65,7 @@ INTEGRATION = (
     "tests/engine/test_reference_probe.py",
     "tests/kernels/test_triton_interpreter.py",
     "tests/kernels/test_compile.py",
+    "tests/vllm_backend/test_mode_vllm.py",
 )
 
 

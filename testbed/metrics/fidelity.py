@@ -50,20 +50,25 @@ def pair_key(overrides: list[str] | None, metrics: Mapping[str, Any]) -> tuple[s
 
 
 def pair_runs(
-    runs: Iterable[Run], setting: Callable[[Run], Hashable], mode: Callable[[Run], str]
+    runs: Iterable[Run],
+    setting: Callable[[Run], Hashable],
+    mode: Callable[[Run], str],
+    model: str = "sim",
+    reference: str = "real",
 ) -> list[tuple[Run, Run]]:
-    """Each simulation (``mode`` "sim") with the real run of its ``setting``, where
-    exactly one real run has it (two real runs leave no one run to hold it to):
-    settings in the order they first appear, simulations in the order given."""
+    """Each run of mode ``model`` (a simulation) with the run of mode ``reference``
+    (a real one) of its ``setting``, where exactly one such run has it (two leave no
+    one run to hold it to): settings in the order they first appear, ``model`` runs
+    in the order given."""
     by_setting: dict[Hashable, tuple[list[Run], list[Run]]] = {}
     for run in runs:
-        sims, reals = by_setting.setdefault(setting(run), ([], []))
-        if mode(run) == "sim":
-            sims.append(run)
-        elif mode(run) == "real":
-            reals.append(run)
+        judged, refs = by_setting.setdefault(setting(run), ([], []))
+        if mode(run) == model:
+            judged.append(run)
+        elif mode(run) == reference:
+            refs.append(run)
     paired = (group for group in by_setting.values() if len(group[1]) == 1)
-    return [(sim, reals[0]) for sims, reals in paired for sim in sims]
+    return [(run, refs[0]) for judged, refs in paired for run in judged]
 
 
 def relative_error(sim: float | None, real: float | None) -> float:

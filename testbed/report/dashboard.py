@@ -188,16 +188,19 @@ th[data-order=asc]::after { content: ' \\25B2'; } th[data-order=desc]::after { c
 
 
 def fidelity_table(pairs: list[dict[str, Any]]) -> str:
-    """The errors of each simulation against its real run."""
+    """The errors of each run against its reference (a simulation against the real
+    run or vLLM's, this engine against vLLM's)."""
     headings = [
-        "sim",
-        "real",
+        "modes",
+        "run",
+        "reference",
         *(f"{m} error" for m in TARGETS),
-        "real's speed vs profile",
+        "reference's speed vs profile",
         "within targets",
     ]
     rows = [
-        [p["sim"], p["real"], *(p.get(m) for m in TARGETS), p["speed_vs_profile"], p["meets"]]
+        [p["modes"], p["run"], p["reference"], *(p.get(m) for m in TARGETS)]
+        + [p["speed_vs_profile"], p["meets"]]
         for p in pairs
     ]
     return html_table(headings, rows, [[_key(v) for v in row] for row in rows])
@@ -235,7 +238,7 @@ def build(root: Path, title: str | None = None, conditions_csv: Path | None = No
     fidelity = fidelity_figure(runs)
     if fidelity is not None:
         figures.append(("Simulation against real runs", fidelity[0]))
-        tables.insert(0, ("Simulation against real runs: errors", fidelity_table(fidelity[1])))
+        tables.insert(0, ("Runs against their references: errors", fidelity_table(fidelity[1])))
     data = {
         "runs": [
             {

@@ -286,8 +286,10 @@ def timeline_figure(runs: list[Run]):
 
 
 def fidelity_figure(runs: list[Run]) -> tuple[Any, list[dict[str, Any]]] | None:
-    """Each simulation against its real run: a scatter per target metric, and the
-    pairs (``testbed.report.sweep.fidelity_pairs``); None without sim/real pairs."""
+    """Each run against its reference (a simulation against the real run or vLLM's,
+    this engine against vLLM's): a scatter per target metric, a colour per
+    comparison, and the pairs (``testbed.report.sweep.fidelity_pairs``); None
+    without pairs."""
     table_runs = [
         {"run": r.name, "mode": r.metrics["mode"], "partial": bool(r.metrics.get("partial")),
          "pair": pair_key(job_overrides(r.folder), r.metrics), "own": True,
@@ -301,18 +303,31 @@ def fidelity_figure(runs: list[Run]) -> tuple[Any, list[dict[str, Any]]] | None:
     from plotly.subplots import make_subplots
 
     by_name = {t["run"]: t for t in table_runs}
+    comparisons = list(dict.fromkeys(p["modes"] for p in pairs))
+    colors = _colors(comparisons)
     fig = make_subplots(rows=1, cols=len(TARGETS), subplot_titles=list(TARGETS))
     for i, metric in enumerate(TARGETS):
-        real = [by_name[p["real"]][metric] for p in pairs]
-        sim = [by_name[p["sim"]][metric] for p in pairs]
-        top = max([v for v in real + sim if v is not None] or [1])
-        fig.add_trace(
-            go.Scatter(
-                x=real, y=sim, mode="markers", text=[p["sim"] for p in pairs], showlegend=False
-            ),
-            row=1,
-            col=i + 1,
-        )
+        values = []
+        for modes in comparisons:
+            these = [p for p in pairs if p["modes"] == modes]
+            ref = [by_name[p["reference"]][metric] for p in these]
+            run = [by_name[p["run"]][metric] for p in these]
+            values += ref + run
+            fig.add_trace(
+                go.Scatter(
+                    x=ref,
+                    y=run,
+                    mode="markers",
+                    name=modes,
+                    legendgroup=modes,
+                    showlegend=i == 0 and len(comparisons) > 1,
+                    marker=dict(color=colors[modes]),
+                    text=[p["run"] for p in these],
+                ),
+                row=1,
+                col=i + 1,
+            )
+        top = max([v for v in values if v is not None] or [1])
         fig.add_trace(
             go.Scatter(
                 x=[0, top],
@@ -324,7 +339,7 @@ def fidelity_figure(runs: list[Run]) -> tuple[Any, list[dict[str, Any]]] | None:
             row=1,
             col=i + 1,
         )
-    fig.update_xaxes(title_text="real")
-    fig.update_yaxes(title_text="simulated", col=1)
-    fig.update_layout(height=380, title="Simulation against the real run")
+    fig.update_xaxes(title_text="reference (real engine, vLLM)")
+    fig.update_yaxes(title_text="run (simulated, real engine)", col=1)
+    fig.update_layout(height=380, title="Each run against its reference")
     return fig, pairs

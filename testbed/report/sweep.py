@@ -149,25 +149,35 @@ def failed_jobs(sweep_dir: Path, sweep: str | None = None) -> list[dict[str, Any
     return failed
 
 
+# The comparisons a sweep over modes makes: (the run judged, its reference).
+COMPARISONS = (("sim", "real"), ("sim", "vllm"), ("real", "vllm"))
+
+
 def fidelity_pairs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each simulation against the real run of the same :func:`pair_key` (see
-    :func:`~testbed.metrics.fidelity.pair_runs`): the relative error of every
-    :data:`TARGETS` metric both measured, the real run's ``speed_vs_profile``
-    (the simulation runs at the profile's speed unless ``mode.latency_scale``
-    says otherwise), and ``meets``: all within their targets; None where either
-    run is partial (a stopped run is no measure of the other)."""
+    """Each run against its reference of the same :func:`pair_key` (see
+    :func:`~testbed.metrics.fidelity.pair_runs`), for each of :data:`COMPARISONS`:
+    a simulation against the real run and against vLLM's, this project's engine
+    against vLLM. Each pair: ``run`` and ``reference`` (their folders), ``modes``
+    (``"sim vs real"``), the relative error of every :data:`TARGETS` metric both
+    measured, the reference's ``speed_vs_profile`` (the simulation runs at the
+    profile's speed unless ``mode.latency_scale`` says otherwise), and ``meets``:
+    all within their targets; None where either run is partial (a stopped run is
+    no measure of the other)."""
     pairs = []
-    for sim, real in pair_runs(runs, itemgetter("pair"), itemgetter("mode")):
-        if not (sim.get("own", True) or real.get("own", True)):
-            continue
-        errors = {m: e for m, e in metric_errors(sim, real, TARGETS).items() if not math.isnan(e)}
-        pairs.append({
-            "sim": sim["run"] + ("" if sim.get("own", True) else " (earlier sweep)"),
-            "real": real["run"] + ("" if real.get("own", True) else " (earlier sweep)"),
-            **errors,
-            "speed_vs_profile": real.get("speed_vs_profile"),
-            "meets": None if sim["partial"] or real["partial"] else not target_misses(errors),
-        })  # fmt: skip
+    for model, reference in COMPARISONS:
+        for run, ref in pair_runs(runs, itemgetter("pair"), itemgetter("mode"), model, reference):
+            if not (run.get("own", True) or ref.get("own", True)):
+                continue
+            errors = metric_errors(run, ref, TARGETS)
+            errors = {m: e for m, e in errors.items() if not math.isnan(e)}
+            pairs.append({
+                "run": run["run"] + ("" if run.get("own", True) else " (earlier sweep)"),
+                "reference": ref["run"] + ("" if ref.get("own", True) else " (earlier sweep)"),
+                "modes": f"{model} vs {reference}",
+                **errors,
+                "speed_vs_profile": ref.get("speed_vs_profile"),
+                "meets": None if run["partial"] or ref["partial"] else not target_misses(errors),
+            })  # fmt: skip
     return pairs
 
 
@@ -240,16 +250,17 @@ def summary(
     parts = [table(headings, rows)] if own else []
     pairs = fidelity_pairs(runs)
     if pairs:
-        heads = ["sim", "real", *(f"{COLUMNS[m]} err" for m in TARGETS)]
-        heads += ["real's speed vs profile", "targets"]
+        heads = ["run", "against", *(f"{COLUMNS[m]} err" for m in TARGETS)]
+        heads += ["reference's speed vs profile", "targets"]
         lines = [
-            [p["sim"], p["real"], *(percent(p.get(m)) for m in TARGETS)]
+            [p["run"], p["reference"], *(percent(p.get(m)) for m in TARGETS)]
             + [cell(p["speed_vs_profile"]), met(p["meets"])]
             for p in pairs
         ]
         limits = ", ".join(f"{COLUMNS[m]} {t:.0%}" for m, t in TARGETS.items())
         parts.append(
-            f"simulation against the real run ({limits}; a real run whose machine ran "
+            f"each run against its reference: simulation against the real run and "
+            f"vLLM's, this engine against vLLM ({limits}; a real run whose machine ran "
             "slower or faster than profiled is off by as much, unless simulated at "
             "mode.latency_scale=<its speed vs profile>):\n" + table(heads, lines)
         )

@@ -20,7 +20,7 @@ from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.llm_engine import LLMEngine
 
 from testbed.core import Request, RequestStatus, StepResult, WallClock
-from testbed.vllm_backend.steps import STEP_LOG_KEY, VllmStep
+from testbed.vllm_backend.steps import STEP_LOG_KEY, merged
 
 SCHEDULER_CLS = "testbed.vllm_backend.scheduler.PolicyScheduler"
 
@@ -91,7 +91,7 @@ class VllmEngine:
                 arrival_time=req.arrival_time,
                 priority=req.priority,
             )
-        except (ValueError, TypeError) as e:
+        except Exception as e:  # vLLM's input checks (VLLMValidationError, ValueError)
             return self._reject(req, f"vLLM refused it: {e}", now)
         req.arrival_seq = self._arrivals
         self._arrivals += 1
@@ -192,18 +192,3 @@ class VllmEngine:
     def reset_prefix_cache(self) -> None:
         """Forget cached blocks (after a warm-up, so the run starts cold)."""
         self.engine.reset_prefix_cache()
-
-
-def merged(records: list[VllmStep], start: float) -> VllmStep:
-    """One record of the scheduler's records of an engine step (one in synchronous
-    scheduling; none when vLLM had nothing to schedule)."""
-    if len(records) == 1:
-        return records[0]
-    out = VllmStep(schedule_start=start, schedule_end=start)
-    for r in records:
-        for name in ("request_ids", "num_tokens", "contexts", "decode", "new_ids"):
-            getattr(out, name).extend(getattr(r, name))
-        out.preempted_ids.extend(r.preempted_ids)
-        out.kv_usage = r.kv_usage
-        out.num_waiting, out.num_running = r.num_waiting, r.num_running
-    return out

@@ -53,3 +53,18 @@ def is_decode(context: int, num_tokens_before: int) -> bool:
     """A request computes only its last token (plus drafts): the testbed's rule for
     a decode token, ``context >= prompt + output - 1`` before the step."""
     return context >= num_tokens_before - 1
+
+
+def merged(records: list[VllmStep], start: float) -> VllmStep:
+    """One record of the scheduler's records of an engine step (one in synchronous
+    scheduling; none when vLLM had nothing to schedule)."""
+    if len(records) == 1:
+        return records[0]
+    out = VllmStep(schedule_start=start, schedule_end=start)
+    for r in records:
+        for name in ("request_ids", "num_tokens", "contexts", "decode", "new_ids"):
+            getattr(out, name).extend(getattr(r, name))
+        out.preempted_ids.extend(r.preempted_ids)
+        out.kv_usage = r.kv_usage
+        out.num_waiting, out.num_running = r.num_waiting, r.num_running
+    return out

@@ -41,7 +41,7 @@ def test_a_pair_s_errors_join_and_agree_with_the_sweep_summary(tmp_path):
     assert row["joined_requests"] == 2 and row["e2e_corr"] == pytest.approx(1.0)
     # The sweep pairs the same two runs and says the same, leaving out the unmeasured.
     (pair,) = fidelity_pairs(sweep_runs(tmp_path)[0])
-    assert (pair["sim"], pair["real"]) == ("0_sim", "1_real")
+    assert (pair["run"], pair["reference"]) == ("0_sim", "1_real")
     assert "ttft_s_p50" not in pair and pair["meets"] is False
     for metric in set(TARGETS) - {"ttft_s_p50"}:
         assert pair[metric] == pytest.approx(row[f"err_{metric}"])

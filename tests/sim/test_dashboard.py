@@ -90,7 +90,7 @@ def test_policies_apart_beyond_their_intervals_are_named_and_sim_real_pairs_show
         "ttft_s_p99"
     ]
     assert ci["kind"] == "ci95" and ci["n"] == 5
-    assert "Simulation against real runs" in text and "+10.0%" not in text  # errors as numbers
+    assert "Runs against their references" in text and "+10.0%" not in text  # errors as numbers
     # per setting (sim, real): latency, CDFs, fairness; then the timeline and sim-vs-real
     assert text.count('class="plotly-graph-div"') == 2 * 3 + 2
 

@@ -37,10 +37,10 @@ def test_a_sim_real_sweep_pairs_each_simulation_with_its_real_run(tmp_path):
         "0_sim_fcfs_synthetic", "1_sim_sjf_synthetic", "2_real_fcfs_synthetic",
         "3_real_sjf_synthetic", "10_sim_vtc_synthetic",
     ]  # fmt: skip
-    pairs = {p["sim"]: p for p in fidelity_pairs(runs)}
+    pairs = {p["run"]: p for p in fidelity_pairs(runs)}
     assert set(pairs) == {"0_sim_fcfs_synthetic", "1_sim_sjf_synthetic"}
     fcfs, sjf = pairs["0_sim_fcfs_synthetic"], pairs["1_sim_sjf_synthetic"]
-    assert fcfs["real"] == "2_real_fcfs_synthetic"
+    assert fcfs["reference"] == "2_real_fcfs_synthetic"
     assert fcfs["e2e_s_mean"] == pytest.approx(2.0 / 2.04 - 1)
     assert fcfs["ttft_s_p50"] == pytest.approx(0.1 / 0.095 - 1)
     assert fcfs["meets"] and not sjf["meets"]  # sjf's E2E is 10% off
@@ -48,6 +48,22 @@ def test_a_sim_real_sweep_pairs_each_simulation_with_its_real_run(tmp_path):
     assert "missed" in text and "WARNING" not in text  # speeds within 1%
     table = pd.read_csv(tmp_path / "sweep_summary.csv")
     assert len(table) == 5 and table["speed_vs_profile"].notna().sum() == 2
+
+
+def test_a_sweep_over_three_modes_compares_each_with_its_references(tmp_path):
+    """-m mode=sim,real,vllm: the simulation against both engines, and this
+    project's engine against vLLM."""
+    job(tmp_path, 0, "sim", "fcfs", e2e_s_mean=2.0)
+    job(tmp_path, 1, "real", "fcfs", speed=1.1, e2e_s_mean=2.2)
+    job(tmp_path, 2, "vllm", "fcfs", e2e_s_mean=1.6)
+    pairs = fidelity_pairs(sweep_runs(tmp_path)[0])
+    got = [(p["modes"], p["run"][0], p["reference"][0]) for p in pairs]
+    assert got == [("sim vs real", "0", "1"), ("sim vs vllm", "0", "2"), ("real vs vllm", "1", "2")]
+    errors = [p["e2e_s_mean"] for p in pairs]
+    assert errors == pytest.approx([2.0 / 2.2 - 1, 2.0 / 1.6 - 1, 2.2 / 1.6 - 1])
+    assert [p["speed_vs_profile"] for p in pairs] == [1.1, None, None]
+    text = summary(sweep_runs(tmp_path)[0])
+    assert text.count("2_vllm_fcfs_synthetic") == 3  # its row, and as the reference twice
 
 
 def test_runs_that_differ_in_more_than_mode_are_not_paired(tmp_path):
@@ -64,8 +80,8 @@ def test_simulations_at_other_speeds_pair_with_the_one_real_run(tmp_path):
     job(tmp_path, 2, "sim", "fcfs", overrides=["load=0.7", "++mode.latency_scale=1.2"],
         e2e_s_mean=2.4)  # fmt: skip
     pairs = fidelity_pairs(sweep_runs(tmp_path)[0])
-    assert [p["sim"][0] for p in pairs] == ["1", "2"]
-    assert all(p["real"] == "0_real_fcfs_synthetic" for p in pairs)
+    assert [p["run"][0] for p in pairs] == ["1", "2"]
+    assert all(p["reference"] == "0_real_fcfs_synthetic" for p in pairs)
     assert pairs[0]["e2e_s_mean"] == pytest.approx(2.0 / 2.4 - 1)
     assert pairs[1]["e2e_s_mean"] == pytest.approx(0.0)
     assert pairs[0]["speed_vs_profile"] == 1.2
@@ -88,7 +104,7 @@ def test_without_kept_overrides_runs_pair_by_what_they_ran(tmp_path):
     for run in tmp_path.iterdir():
         (run / ".hydra" / "overrides.yaml").unlink()
     (pair,) = fidelity_pairs(sweep_runs(tmp_path)[0])
-    assert pair["real"] == "1_real_fcfs_synthetic"
+    assert pair["reference"] == "1_real_fcfs_synthetic"
 
 
 def test_real_runs_on_a_machine_whose_speed_moved_are_flagged(tmp_path):
