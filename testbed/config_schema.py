@@ -183,6 +183,9 @@ class VllmMode:
     # Unfind a same-step victim's never-computed cached blocks, as the testbed's KV
     # manager does (vLLM 0.32/0.34 keep them findable); off: vLLM as it is.
     forget_uncomputed: bool = False
+    # vLLM's OpenMP threads (OMP_NUM_THREADS); None: vLLM's choice (on a CPU it
+    # serves with one torch thread unless told).
+    threads: int | None = None
 
 
 @dataclass
@@ -391,6 +394,7 @@ RANGES: dict[tuple[str, str], tuple[Any, str]] = {
     ("mode", "max_wall_s"): (_positive, "null or > 0"),
     ("mode", "repeats"): (_at_least(1), "an integer >= 1"),
     ("mode", "warmup"): (_at_least(0), "an integer >= 0"),
+    ("mode", "threads"): (_at_least(1), "null or an integer >= 1"),
     ("hardware", "threads"): (_at_least(1), "null or an integer >= 1"),
     ("hardware", "kv_cache_bytes"): (_positive, "null or > 0"),
 }

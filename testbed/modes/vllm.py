@@ -32,6 +32,7 @@ from testbed.engine.device import cpu_name
 from testbed.errors import InputError
 from testbed.metrics import RunResult
 from testbed.models import ModelSpec, num_kv_blocks
+from testbed.profile_table import profile_path, read_profile_header
 from testbed.vllm_backend import install
 from testbed.vllm_backend.support import FORGET_KEY, POLICY_KEY
 
@@ -56,7 +57,7 @@ def run_vllm(
         "warmup": warmup_requests(spec.vocab_size, cfg.seed),
         "max_wall_s": cfg.mode.max_wall_s,
     }
-    payload = run_child(python, job, on_progress)
+    payload = run_child(python, job, on_progress, cfg.mode.threads)
     result: RunResult = payload["result"]
     done = {r.request_id: r for r in result.requests}
     result.requests = [done.get(r.request_id, r) for r in requests]
@@ -76,10 +77,25 @@ def run_vllm(
         "scheduler_ms_per_step": 1e3 * payload["schedule_s"] / num_steps,
         "vllm_build_s": payload["build_s"],
         "vllm_warmup_s": payload["warmup_s"],
+        "threads": payload["threads"],
         "partial": result.partial,
         "stop_reason": result.stop_reason,
+        **vllm_speed(cfg, spec, result),
     }
     return result, extra
+
+
+def vllm_speed(cfg: DictConfig, spec: ModelSpec, result: RunResult) -> dict[str, Any]:
+    """The run's speed against vLLM's profile of its hardware and model (a table
+    whose header says ``engine: vllm ...``, as ``experiments.vllm_fidelity profile``
+    writes it, under ``profiles_dir``); nothing where the profile is another
+    engine's: this project's engine's profile says nothing of vLLM's speed."""
+    from testbed.modes.real import speed_vs_profile
+
+    path = profile_path(cfg.profiles_dir, cfg.hardware.name, spec.name)
+    if not path.exists() or not read_profile_header(path).get("engine", "").startswith("vllm"):
+        return {}
+    return speed_vs_profile(cfg, spec, result.steps)
 
 
 def vllm_engine_args(cfg: DictConfig, spec: ModelSpec) -> dict[str, Any]:
@@ -140,10 +156,14 @@ def warmup_requests(vocab: int, seed: int) -> list[Request]:
 
 
 def run_child(
-    python: Path, job: dict[str, Any], on_progress: Callable[[float, int], None] | None
+    python: Path,
+    job: dict[str, Any],
+    on_progress: Callable[[float, int], None] | None,
+    threads: int | None = None,
 ) -> dict[str, Any]:
-    """Run the replay in the vLLM environment; its payload. An interrupt here is
-    passed to the child, whose partial result comes back (``result.error``)."""
+    """Run the replay in the vLLM environment (``threads``: its OpenMP threads; None:
+    vLLM's choice); its payload. An interrupt here is passed to the child, whose
+    partial result comes back (``result.error``)."""
     with tempfile.TemporaryDirectory(prefix="testbed-vllm-") as tmp:
         job_path, out_path = Path(tmp) / "job.pkl", Path(tmp) / "out.pkl"
         with open(job_path, "wb") as f:
@@ -154,6 +174,8 @@ def run_child(
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
             "TESTBED_PROGRESS_FD": str(write),
         }
+        if threads is not None:
+            env["OMP_NUM_THREADS"] = str(threads)
         cmd = [str(python), "-m", "testbed.vllm_backend.child", str(job_path), str(out_path)]
         proc = subprocess.Popen(cmd, env=env, cwd=ROOT, pass_fds=(write,))
         os.close(write)

@@ -24,6 +24,7 @@ os.environ.setdefault("VLLM_DISABLE_REQUEST_ID_RANDOMIZATION", "1")
 
 
 def main(job_path: str, out_path: str) -> int:
+    import torch
     import vllm
 
     from testbed.core import WallClock
@@ -55,6 +56,7 @@ def main(job_path: str, out_path: str) -> int:
         "num_steps": engine._num_steps - steps_before,
         "build_s": build_s,
         "warmup_s": warmup_s,
+        "threads": torch.get_num_threads(),  # what vLLM left torch for serving
     }
     with open(out_path + ".tmp", "wb") as f:
         pickle.dump(payload, f)
