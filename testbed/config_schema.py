@@ -183,8 +183,9 @@ class VllmMode:
     # Unfind a same-step victim's never-computed cached blocks, as the testbed's KV
     # manager does (vLLM 0.32/0.34 keep them findable); off: vLLM as it is.
     forget_uncomputed: bool = False
-    # vLLM's OpenMP threads (OMP_NUM_THREADS); None: vLLM's choice (on a CPU it
-    # serves with one torch thread unless told).
+    # vLLM's OpenMP threads, one bound to each of the first usable cores
+    # (OMP_NUM_THREADS, VLLM_CPU_OMP_THREADS_BIND); None: vLLM's choice (on a CPU,
+    # a thread bound to each core of the first NUMA node).
     threads: int | None = None
 
 

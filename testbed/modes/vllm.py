@@ -30,6 +30,7 @@ from testbed.core import Request
 from testbed.engine.args import CPU_KV_CACHE_BYTES
 from testbed.engine.device import cpu_name
 from testbed.errors import InputError
+from testbed.host import usable_cpus
 from testbed.metrics import RunResult
 from testbed.models import ModelSpec, num_kv_blocks
 from testbed.profile_table import profile_path, read_profile_header
@@ -174,8 +175,10 @@ def run_child(
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
             "TESTBED_PROGRESS_FD": str(write),
         }
-        if threads is not None:
-            env["OMP_NUM_THREADS"] = str(threads)
+        if threads is not None:  # vLLM's CPU worker binds one thread to each core listed
+            cores = sorted(usable_cpus())[:threads]
+            env["OMP_NUM_THREADS"] = str(len(cores))
+            env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
         cmd = [str(python), "-m", "testbed.vllm_backend.child", str(job_path), str(out_path)]
         proc = subprocess.Popen(cmd, env=env, cwd=ROOT, pass_fds=(write,))
         os.close(write)
