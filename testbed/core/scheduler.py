@@ -6,7 +6,9 @@ within ``max_num_batched_tokens`` and ``max_num_seqs``. Running requests are
 served first, then waiting ones in the policy's order. Chunked prefill, prefix
 caching, mixed prefill/decode batches and speculative decoding all follow from
 this one rule. When the KV cache has no room, the policy's victim is preempted
-by recompute; no request is admitted in a step that preempted.
+by recompute; a preemptive policy's best waiting request may also displace the
+worst running one at the start of a step. No request is admitted in a step
+that preempted.
 """
 
 from __future__ import annotations
@@ -23,6 +25,18 @@ from testbed.core.request import SERVED, STAND_IN_TOKEN, Request, RequestStatus
 from testbed.core.spec_stats import SpecDecodingStats
 
 RUNNING = RequestStatus.RUNNING
+
+
+def displacement_victim(policy: Policy, running, head: Request, now: float):
+    """The running request that the waiting request ``head`` displaces under a
+    preemptive ``policy``: the worst running one by ``(key, arrival_seq)``, when
+    ``head`` ranks strictly before it; else None. Whether the batch or the cache
+    lacks room is the caller's test (vLLM's ``PolicyScheduler`` shares this rule)."""
+    key = policy.key
+    worst = max(running, key=lambda r: (key(r, now), r.arrival_seq))
+    if (key(head, now), head.arrival_seq) < (key(worst, now), worst.arrival_seq):
+        return worst
+    return None
 
 
 class Scheduler:
@@ -200,9 +214,9 @@ class Scheduler:
         self._long_prefill_threshold = threshold
         if policy.reorder_running and len(self.running) > 1:
             self.running.sort(key=lambda r: (policy.key(r, now), r.arrival_seq))
+        if policy.preemptive and self.running and self.waiting:
+            self._displace_for_waiting(out, now)
         budget = self._schedule_running(out, cfg.max_num_batched_tokens, now)
-        if not out.preempted_req_ids and policy.preemptive and self.waiting:
-            self._preempt_for_waiting(out, now)
         if not out.preempted_req_ids and (self.waiting or self.ready):
             self._schedule_waiting(out, budget, now)
         context = out.context_lens
@@ -301,19 +315,17 @@ class Scheduler:
         self.waiting.add(victim, now)
         return returned
 
-    def _preempt_for_waiting(self, out: SchedulerOutput, now: float) -> None:
-        """A preemptive policy: the best waiting request displaces the worst running one
-        when the batch is full or the cache has no room for the newcomer."""
-        if not self.running:
-            return
+    def _displace_for_waiting(self, out: SchedulerOutput, now: float) -> None:
+        """A preemptive policy, at the start of the step: the best waiting request
+        displaces the worst running one when the batch is full or the cache has no
+        room for the newcomer. The victim gets nothing this step, and the step
+        admits no one (as after any preemption)."""
         head = self.waiting.peek(now)
-        key = self.policy.key
-        worst = max(self.running, key=lambda r: (key(r, now), r.arrival_seq))
-        if (key(head, now), head.arrival_seq) >= (key(worst, now), worst.arrival_seq):
+        worst = displacement_victim(self.policy, self.running, head, now)
+        if worst is None:
             return
         full = len(self.running) >= self.config.max_num_seqs
-        need = self.kv.blocks_needed(head.num_tokens) - self.kv.num_free_blocks
-        if full or need > 0:
+        if full or self.kv.blocks_needed(head.num_tokens) > self.kv.num_free_blocks:
             self._preempt(worst, out, now)
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:

@@ -159,6 +159,41 @@ def test_preemption_frees_the_newest_and_blocks_admission_that_step():
     assert scheduled(so) == {"r0": 1, "r1": 1}
 
 
+def test_a_preemptive_policy_displaces_at_the_start_of_the_step_on_its_state():
+    """SRPT: a waiting request with less work left displaces the running one with
+    the most, judged on the batch and free blocks before the step allocates (as
+    vLLM's PolicyScheduler can): the victim gets nothing and no one is admitted."""
+    s = create_scheduler("srpt", num_blocks=8, block_size=4, enable_prefix_caching=False)
+    (long,) = create_requests(1, prompt_len=8, output_len=20, target_output_tokens=100)
+    (short,) = create_requests(1, prompt_len=24, output_len=1, start=1)
+    s.add_request(long, 0)
+    step(s)  # long: 2 blocks; 6 free
+    s.add_request(short, 0)  # 25 tokens of work left against 99; needs 6 blocks
+    so, _ = step(s)  # 6 free before the step: no displacement; long's decode takes one
+    assert scheduled(so) == {"r0": 1} and not so.preempted_req_ids
+    assert short.status is RequestStatus.WAITING  # 5 left: no room
+    so, _ = step(s)  # 5 free before the step: long is displaced
+    assert so.preempted_req_ids == ["r0"] and scheduled(so) == {}
+    assert long.status is RequestStatus.PREEMPTED and long.num_computed_tokens == 0
+    so, _ = step(s)
+    assert scheduled(so) == {"r1": 24}
+
+
+def test_a_displacement_in_a_full_batch_leaves_its_slot_empty_for_the_step():
+    s = create_scheduler("srpt", max_num_seqs=2)
+    a, b = create_requests(2, prompt_len=4, output_len=30)
+    (c,) = create_requests(1, prompt_len=4, output_len=5, start=2)
+    a.target_output_tokens = 10  # less work than b
+    for r in (a, b):
+        s.add_request(r, 0)
+    step(s)
+    s.add_request(c, 0)
+    so, _ = step(s)  # the batch is full: c displaces b, which the step skips
+    assert so.preempted_req_ids == ["r1"] and scheduled(so) == {"r0": 1}
+    so, _ = step(s)
+    assert scheduled(so) == {"r0": 1, "r2": 4}
+
+
 def test_preempted_request_resumes_with_its_output_recomputed():
     eng, ex = create_engine(
         num_blocks=8, block_size=4, enable_prefix_caching=False, max_num_batched_tokens=32
