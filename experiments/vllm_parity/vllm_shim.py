@@ -52,7 +52,7 @@ def _replay_class(qualname: str, spec: dict, arrival_step: dict[str, int], forge
     class ReplayScheduler(base):
         def __init__(self, vllm_config, *args, **kwargs):
             # The step about to run: the next one, or an arrival's after an idle spell.
-            self._step = 0
+            self._replay_step = 0
             extra = dict(vllm_config.additional_config or {})
             extra[POLICY_KEY] = spec
             extra[FORGET_KEY] = forget
@@ -60,15 +60,15 @@ def _replay_class(qualname: str, spec: dict, arrival_step: dict[str, int], forge
             super().__init__(vllm_config, *args, **kwargs)
 
         def tb_now(self) -> float:
-            return float(self._step)
+            return float(self._replay_step)
 
         def add_request(self, request):
-            self._step = max(self._step, arrival_step.get(request.request_id, 0))
+            self._replay_step = max(self._replay_step, arrival_step.get(request.request_id, 0))
             super().add_request(request)
 
         def update_from_output(self, scheduler_output, model_runner_output):
             out = super().update_from_output(scheduler_output, model_runner_output)
-            self._step += 1
+            self._replay_step += 1
             return out
 
     ReplayScheduler.__name__ = ReplayScheduler.__qualname__ = f"Replay{base.__name__}"
