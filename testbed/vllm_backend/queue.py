@@ -6,7 +6,9 @@ step opens the testbed queue's ``candidates(now)`` (the same ranking, at the
 same point of the step, as in the testbed), each pop moves on to the next
 candidate and marks it taken, a prepend of a request popped this step un-takes
 it (it never left its place), and :meth:`PolicyQueue.close` removes what was
-taken, as the testbed's ``remove_positions`` does.
+taken, as the testbed's ``remove_positions`` does. :meth:`PolicyQueue.head`
+reads the head before the step (a preemptive policy's displacement), and
+:meth:`PolicyQueue.hold` makes the queue look empty to the step's waiting loop.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class PolicyQueue(RequestQueue):
         self._head: tuple[object, RequestView] | None = None
         self._taken: dict[str, object] = {}  # request_id -> position, popped this step
         self._later: list[RequestView] = []  # added while the candidates are open
+        self._held = False  # empty to the waiting loop until the step's close
 
     # --- a step's pass over the candidates ---
     def _advance(self) -> None:
@@ -57,8 +60,21 @@ class PolicyQueue(RequestQueue):
         self._advance()
         return view.req
 
+    def head(self) -> RequestView | None:
+        """The most urgent waiting request now, read outside a pass (the testbed
+        queue's ``peek``, as the testbed's scheduler reads it before its step)."""
+        if self._open is not None:
+            raise RuntimeError("the waiting queue's head read during its pass")
+        return self.q.peek(self.now())
+
+    def hold(self) -> None:
+        """Admit no one this step: the queue is false (vLLM's waiting loop stops at
+        once) until :meth:`close`; its length still counts its requests."""
+        self._held = True
+
     def close(self) -> None:
         """End the step's pass: remove the requests taken from the queue."""
+        self._held = False
         if self._open is not None:
             self._open.close()
             self._open = self._head = None
@@ -103,7 +119,7 @@ class PolicyQueue(RequestQueue):
         return len(self.q) - len(self._taken) + len(self._later)
 
     def __bool__(self) -> bool:
-        return len(self) > 0
+        return not self._held and len(self) > 0
 
     def __iter__(self) -> Iterator[Request]:
         if self._open is not None:

@@ -15,12 +15,16 @@ the same choice (docs/plans/vllm_backend.md, section 1):
 * the preemption victim: vLLM's priority path is forced and each running
   request's ``priority`` holds its victim rank (the view keeps the original);
   ``_preempt_request`` checks that vLLM's pick is the policy's;
+* a preemptive policy's displacement: before the step, as the testbed's
+  scheduler does it (the victim is preempted before vLLM's running loop, and the
+  waiting loop admits no one in that step);
 * ``on_arrival`` in ``add_request``, ``on_step`` in ``update_from_output``,
   ``reorder_running`` before the step.
 
 The clock is :meth:`PolicyScheduler.tb_now` (wall time; a replay overrides it).
-Preemptive policies, async scheduling, KV transfer and vLLM's own cache-aware
-reordering are refused at construction, with the reason.
+Policies with a hook that has no place here (``support.refusal``), async
+scheduling, KV transfer and vLLM's own cache-aware reordering are refused at
+construction, with the reason.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from vllm.v1.request import Request, RequestStatus
 from policies import make_policy
 from testbed.core.outputs import SchedulerOutput as TestbedOutput
 from testbed.core.policy import VICTIM_KEYS, VICTIM_SELECTORS, Decision, Policy, overrides
+from testbed.core.scheduler import displacement_victim
 from testbed.vllm_backend.queue import PolicyQueue
 from testbed.vllm_backend.steps import STEP_LOG_KEY, VllmStep, is_decode
 from testbed.vllm_backend.support import FORGET_KEY, POLICY_KEY, check_supported
@@ -168,6 +173,8 @@ class PolicyScheduler(Scheduler):
             self.running.sort(
                 key=lambda r: (key(views[r.request_id], now), views[r.request_id].arrival_seq)
             )
+        if policy.preemptive and self.running and self.waiting:
+            self._displace_for_waiting(now)
         self._rank_victims(now)
         self._in_schedule = True
         try:
@@ -196,6 +203,30 @@ class PolicyScheduler(Scheduler):
             kv_usage=self.kv_cache_manager.usage,
         )
 
+    def _displace_for_waiting(self, now: float) -> None:
+        """A preemptive policy, before the step (as the testbed's scheduler): the best
+        waiting request displaces the worst running one when the batch is full or
+        the free blocks cannot hold the newcomer. The victim leaves ``running``
+        before vLLM's running loop sees it, ``_preempt_request`` reports it in this
+        step's ``preempted_req_ids``, and the waiting queue holds its requests back
+        for the step (no admissions in a step that preempted)."""
+        views = self.views
+        head = self.waiting.head()
+        worst = displacement_victim(
+            self.tb_policy, [views[r.request_id] for r in self.running], head, now
+        )
+        if worst is None:
+            return
+        full = len(self.running) >= self.scheduler_config.max_num_seqs
+        # vLLM's pool keeps its null block out of the free count, as the testbed's
+        # cache (one block smaller) has none.
+        free = self.kv_cache_manager.block_pool.get_num_free_blocks()
+        need = -(-head.num_tokens // self.block_size)
+        if full or need > free:
+            self.running.remove(worst.req)
+            self._preempt_request(worst.req, time.monotonic())  # outside the guard
+            self.waiting.hold()
+
     def _rank_victims(self, now: float) -> None:
         """Write each running request's victim rank into ``priority`` (largest first out)."""
         running = self.running
@@ -219,6 +250,9 @@ class PolicyScheduler(Scheduler):
             view.req.priority = rank
 
     def _preempt_request(self, request: Request, timestamp: float, *args, **kwargs) -> None:
+        # vLLM's running loop picks its victims: check them. A displacement before
+        # the step is the policy's own pick, and a victim with no step scheduled
+        # has no uncomputed blocks to unfind.
         if self._in_schedule:
             views, order = self.views, self._order
             # The running requests as the testbed's would stand: the victim in its place.

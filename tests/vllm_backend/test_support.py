@@ -1,6 +1,7 @@
-"""``testbed.vllm_backend`` without vLLM: it imports, refuses the policies that
-have no place in vLLM's scheduler with the reason, and its request view reads
-as a testbed request does to the policies that run there."""
+"""``testbed.vllm_backend`` without vLLM: it imports, accepts every bundled
+policy (the preemptive ones too), refuses a policy whose hook the class does not
+apply with the reason, and its request view reads as a testbed request does to
+the policies that run there."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from policies import REGISTRY, make_policy
+from policies.fcfs import FCFS
 from testbed.core.request import Request, SamplingParams
 from testbed.vllm_backend import check_supported, refusal
 from testbed.vllm_backend.views import RequestView
@@ -22,20 +24,24 @@ def test_the_package_imports_without_vllm():
     assert done.returncode == 0, done.stderr
 
 
-@pytest.mark.parametrize("name", ["srpt", "mlfq"])
-def test_preemptive_policies_are_refused_with_the_reason(name):
-    policy = make_policy(name)
-    why = refusal(policy)
-    assert why and name in why and "preemptive" in why and "running loop" in why
-    with pytest.raises(ValueError, match="preemptive"):
-        check_supported(policy)
-
-
-@pytest.mark.parametrize("name", sorted(set(REGISTRY) - {"srpt", "mlfq"}))
-def test_the_other_bundled_policies_are_accepted(name):
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_every_bundled_policy_is_accepted(name):
     policy = make_policy(name)
     assert refusal(policy) is None
     check_supported(policy)
+
+
+def test_a_policy_whose_draft_cap_the_class_does_not_apply_is_refused_with_the_reason():
+    class FewDrafts(FCFS):
+        name = "few_drafts"
+
+        def draft_cap(self, request):
+            return 1
+
+    why = refusal(FewDrafts())
+    assert why and "few_drafts" in why and "draft_cap" in why
+    with pytest.raises(ValueError, match="draft_cap"):
+        check_supported(FewDrafts())
 
 
 def vllm_like(rid, prompt, max_tokens, arrival, priority=0, extra=None, computed=0, out=()):
