@@ -1,9 +1,9 @@
 """``python -m experiments.vllm_parity.matrix``: the comparison over a matrix of
 streams and settings (sizes, prefix sharing, tight and roomy caches, the
 long-prefill cap, both reservation settings, chunked prefill and prefix caching
-off, the priority policy, a large batch), then each non-preemptive bundled
-policy inside vLLM's scheduler (``testbed.vllm_backend``, the ``in-vllm`` cases,
-on streams with tenants, priorities, TTFT deadlines and shared prefixes), with
+off, the priority policy, a large batch), then each bundled policy inside
+vLLM's scheduler (``testbed.vllm_backend``, the ``in-vllm`` cases, on streams
+with tenants, priorities, TTFT deadlines and shared prefixes), with
 both control planes' cost per step. Prints a table; writes ``matrix.csv``,
 ``matrix.md``, ``matrix.json`` and ``manifest.json`` to ``--out``
 (``outputs/vllm_parity_matrix``).
@@ -101,7 +101,7 @@ MIXED = S(
     ttft_slo_s=(5.0, 60.0),
     seed=12,
 )
-IN_VLLM = ("fcfs", "priority", "sjf", "edf", "vtc", "cache_aware_sjf")  # srpt, mlfq: refused
+IN_VLLM = ("fcfs", "priority", "sjf", "edf", "vtc", "cache_aware_sjf", "srpt", "mlfq")
 
 
 def in_vllm(policy: str, args: str = "{}", **settings) -> Settings:
@@ -150,6 +150,11 @@ CASES.update(
         "vtc-lowest-rank-in-vllm-2000": (
             MIXED,
             in_vllm("vtc", '{"victim": "lowest_rank"}', num_gpu_blocks=64),
+        ),
+        # MLFQ promoting a request that waited 50 steps (the replay's clock) to the top.
+        "mlfq-starvation50-in-vllm-2000": (
+            MIXED,
+            in_vllm("mlfq", '{"starvation_s": 50.0}', num_gpu_blocks=64),
         ),
         "cache-aware-sjf-share0.9-in-vllm-2000": (
             S(n=2000, rate=2.0, share_frac=0.9, num_prefixes=2, num_tenants=4, seed=13),

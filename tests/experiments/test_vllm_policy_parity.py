@@ -1,6 +1,6 @@
 """A testbed policy inside vLLM's scheduler (``testbed.vllm_backend``) schedules
-every step as the testbed's scheduler does under that policy, and by itself
-changes nothing of vLLM's own schedule.
+every step as the testbed's scheduler does under that policy (a preemptive one's
+displacements included), and by itself changes nothing of vLLM's own schedule.
 
 Runs where the replay tool and its venv exist (``experiments/vllm_parity/
 reference.py`` says how to build the venv); skipped, with that command, elsewhere.
@@ -18,6 +18,7 @@ from experiments.vllm_parity.compare import compare, read_steps
 from experiments.vllm_parity.matrix import MIXED as MATRIX_MIXED
 from experiments.vllm_parity.reference import POLICY_CLASS, Settings, run_vllm
 from experiments.vllm_parity.streams import StreamSpec, write_stream
+from testbed.core.scheduler import Scheduler
 
 
 def needs_vllm():
@@ -92,12 +93,37 @@ def test_a_policy_in_vllm_schedules_every_step_as_the_testbed(policy, args, tmp_
         assert any(x.endswith(":48") for r in steps for x in r["scheduled"].split(";"))
 
 
-def test_a_preemptive_policy_is_refused_in_vllm_with_the_reason(tmp_path, capfd):
+@pytest.mark.parametrize(
+    "policy, args, spec",
+    [
+        # Short prompts, long outputs: a newcomer has less work left than a long decode.
+        ("srpt", "{}", replace(MIXED, prompt=(10, 100), output=(4, 300))),
+        ("mlfq", "{}", MIXED),
+        ("mlfq", '{"starvation_s": 20.0}', MIXED),
+    ],
+)
+def test_a_preemptive_policy_in_vllm_displaces_before_the_step_as_the_testbed(
+    policy, args, spec, tmp_path, monkeypatch
+):
+    """srpt and mlfq: a waiting request displaces a running one at the start of the
+    step (in vLLM: before its running loop); every step as the testbed's."""
     needs_vllm()
-    stream = write_stream(StreamSpec(n=5), tmp_path / "stream.csv")
-    with pytest.raises(RuntimeError, match="vLLM replay failed"):
-        run_vllm(stream, Settings(policy="srpt", vllm_class=POLICY_CLASS), tmp_path)
-    assert "is preemptive" in capfd.readouterr().err
+    displaced = []
+    displace = Scheduler._displace_for_waiting
+
+    def counted(self, out, now):
+        before = len(out.preempted_req_ids)
+        displace(self, out, now)
+        displaced.extend(out.preempted_req_ids[before:])
+
+    monkeypatch.setattr(Scheduler, "_displace_for_waiting", counted)
+    stream = write_stream(spec, tmp_path / "stream.csv")
+    settings = Settings(num_gpu_blocks=48, policy=policy, policy_args=args, vllm_class=POLICY_CLASS)
+    result, ours, theirs = run_pair(stream, settings, tmp_path)
+    assert result.same, result.summary()
+    assert result.identical == result.steps_vllm > 0 and ours.unfinished == 0
+    assert displaced, "the case was meant to displace running requests"
+    assert preemptions(theirs.steps_csv) >= len(displaced)
 
 
 def test_a_same_step_victims_blocks_stay_findable_in_vllm_unless_the_class_forgets(tmp_path):
