@@ -128,6 +128,9 @@ def vllm_engine_args(cfg: DictConfig, spec: ModelSpec) -> dict[str, Any]:
         "seed": cfg.seed,
         "block_size": a.block_size,
         "num_gpu_blocks_override": blocks,
+        # Its memory for them (and the null block), not a share of the machine's:
+        # vLLM's CPU worker otherwise asks for most of the free memory.
+        "kv_cache_memory_bytes": (blocks + 1) * a.block_size * spec.kv_bytes_per_token(dtype),
         "max_model_len": a.max_model_len or spec.max_position_embeddings,
         "max_num_seqs": a.max_num_seqs,
         "max_num_batched_tokens": a.max_num_batched_tokens,

@@ -46,6 +46,7 @@ def test_a_vllm_run_writes_every_request_and_step_with_the_policys_decisions(tmp
     sim = run_from_config(compose_cfg("mode=sim", *RUN, *POLICY), tmp_path / "sim")
     assert vllm["mode"] == "vllm" and vllm["vllm_version"].startswith(("0.32.", "0.34."))
     assert vllm["scheduler_ms_per_step"] > 0 and not vllm["partial"]
+    assert vllm["threads"] >= 1
     only_vllm = {
         "machine",
         "vllm_version",
@@ -53,6 +54,7 @@ def test_a_vllm_run_writes_every_request_and_step_with_the_policys_decisions(tmp
         "scheduler_ms_per_step",
         "vllm_build_s",
         "vllm_warmup_s",
+        "threads",
     }
     only_sim = {"sim_wall_s", "sim_requests_per_wall_s", "num_jumps", "num_jumped_steps"}
     only_sim |= {"latency_scale", "speed_trace"}
