@@ -17,6 +17,7 @@ errors on throughput, mean TPOT, mean E2E and p50 TTFT
 
     python -m experiments.vllm_fidelity profile                      # about 3 minutes
     python -m experiments.vllm_fidelity compare --policies fcfs sjf vtc
+    python -m experiments.vllm_fidelity report    # the table again from --work's runs
 """
 
 from __future__ import annotations
@@ -55,34 +56,51 @@ def lengths(name: str) -> str:
     return f"trace.{name}={{" + ",".join(f"{k}:{v}" for k, v in spec.items()) + "}"
 
 
-# The profiler's replays (testbed.profiling.replay_steps): busy, then sparse.
+# The profiler's replays (testbed.profiling.replay_steps), busy then sparse, and
+# two bursts that stand in for its grid: every request arrives at once, so decode
+# steps run at every batch size from the burst's down to one as outputs end, at
+# short and at long contexts (a replay's decodes share steps with prefill chunks).
 WORKLOADS = {
-    "replay": ["trace.num_requests=80", "trace.rate=2.5"],
-    "replay_sparse": ["trace.num_requests=12", f"trace.rate={SPARSE_RATE}"],
-}
+    "replay": ["trace.num_requests=80", "trace.rate=2.5", lengths("prompt"), lengths("output")],
+    "replay_sparse": [
+        "trace.num_requests=12", f"trace.rate={SPARSE_RATE}", lengths("prompt"), lengths("output")
+    ],
+    "burst_short": [
+        "trace.num_requests=64", "trace.rate=1000",
+        "trace.prompt={dist:lognormal,mean:200,cv:0.5,min:16,max:512}",
+        "trace.output={dist:lognormal,mean:120,cv:0.6,min:8,max:240}",
+    ],
+    "burst_long": [
+        "trace.num_requests=32", "trace.rate=1000",
+        "trace.prompt={dist:lognormal,mean:1200,cv:0.3,min:600,max:1800}",
+        "trace.output={dist:lognormal,mean:100,cv:0.6,min:8,max:240}",
+    ],
+}  # fmt: skip
 
 
 def profile(a: argparse.Namespace) -> Path:
-    """Replay the workloads on vLLM; their steps as vLLM's profile table."""
-    rows, version, threads = [], None, None
+    """Replay the workloads on vLLM; their steps as vLLM's profile table (the bursts'
+    as replay rows: the fit weighs them as real mixes, not as grid corners)."""
+    rows, version, threads, counts = [], None, None, {}
     for grid, overrides in WORKLOADS.items():
         run_dir = a.work / "profile" / grid
         cfg = compose_config(
             ["mode=vllm", *COMMON, "trace=synthetic", "trace.seed=1234", *overrides,
-             lengths("prompt"), lengths("output"), f"model={a.model}", *a.extra]
+             f"model={a.model}", *a.extra]
         )  # fmt: skip
         metrics = run_from_config(cfg, run_dir)
         version, threads = metrics["vllm_version"], metrics["threads"]
         steps = pd.read_csv(run_dir / "steps.csv")
         steps = steps[steps.num_reqs > 0]
         table = pd.DataFrame({
-            "kind": "step", "grid": grid,
+            "kind": "step", "grid": "replay" if grid.startswith("burst") else grid,
             "num_reqs": steps.num_reqs,
             "num_tokens": steps.num_prefill_tokens + steps.num_decode_tokens,
             "attn_pairs": steps.attn_pairs, "kv_tokens": steps.kv_tokens, "max_kv": steps.max_kv,
             "latency_s": steps.latency_s,
         })  # fmt: skip
         rows.append(table)
+        counts[grid] = len(table)
     table = pd.concat(rows, ignore_index=True)
     assert set(FEATURES) <= set(table.columns)
     path = profile_path(a.profiles, "cpu", metrics["model"])
@@ -96,7 +114,7 @@ def profile(a: argparse.Namespace) -> Path:
         "threads": threads,
         "measured_by": "python -m experiments.vllm_fidelity profile",
         "date": pd.Timestamp.now(tz="UTC").strftime("%Y-%m-%d %H:%M:%S UTC"),
-        "steps": f"{len(table)} ({', '.join(f'{g} {(table.grid == g).sum()}' for g in WORKLOADS)})",
+        "steps": f"{len(table)} ({', '.join(f'{g} {n}' for g, n in counts.items())})",
     }
     write_profile(path, header, table)
     print(f"vLLM's profile: {path} ({len(table)} steps)")
@@ -106,33 +124,38 @@ def profile(a: argparse.Namespace) -> Path:
 def compare(a: argparse.Namespace) -> dict[str, Any]:
     """Each policy and condition on vLLM, and simulated as predicted and at speed."""
     base = [*COMMON, f"profiles_dir={a.profiles}", f"model={a.model}", *a.extra]
-    rows = []
     for condition in a.conditions:
         for policy in a.policies:
             over = [*base, f"policy={policy}", *CONDITIONS[condition](a)]
-            tag = f"{condition}-{policy}"
-            vllm = run_from_config(compose_config(["mode=vllm", *over]), a.work / tag / "vllm")
+            work = a.work / f"{condition}-{policy}"
+            vllm = run_from_config(compose_config(["mode=vllm", *over]), work / "vllm")
             speed = vllm.get("speed_vs_profile")
             if speed is None:
-                raise SystemExit(f"{tag}: no speed against vLLM's profile; run `profile` first")
-            sims = {
-                "predicted": run_from_config(
-                    compose_config(["mode=sim", *over]), a.work / tag / "sim"
-                ),
-                "at measured speed": run_from_config(
-                    compose_config(["mode=sim", *over, f"mode.latency_scale={speed}"]),
-                    a.work / tag / "sim_at_speed",
-                ),
-            }
-            for variant, sim in sims.items():
+                raise SystemExit(f"{work}: no speed against vLLM's profile; run `profile` first")
+            run_from_config(compose_config(["mode=sim", *over]), work / "sim")
+            at_speed = ["mode=sim", *over, f"mode.latency_scale={speed}"]
+            run_from_config(compose_config(at_speed), work / "sim_at_speed")
+    return collect(a)
+
+
+def collect(a: argparse.Namespace) -> dict[str, Any]:
+    """The errors of the simulations against the vLLM runs under ``--work``."""
+    rows = []
+    for condition in a.conditions:
+        for policy in a.policies:
+            work = a.work / f"{condition}-{policy}"
+            vllm = json.loads((work / "vllm" / "metrics.json").read_text())
+            for variant, folder in (("predicted", "sim"), ("at measured speed", "sim_at_speed")):
+                sim = json.loads((work / folder / "metrics.json").read_text())
                 errors = metric_errors(sim, vllm, TARGETS)
                 rows.append({
                     "condition": condition, "policy": policy, "simulation": variant,
-                    "vllm_speed_vs_profile": speed,
+                    "vllm_speed_vs_profile": vllm.get("speed_vs_profile"),
                     **{f"{m}_vllm": vllm.get(m) for m in TARGETS},
                     **{f"{m}_err": e for m, e in errors.items()},
                     "meets": not target_misses(errors),
-                    "vllm_finished": vllm["num_finished"], "partial": vllm["partial"],
+                    "vllm_finished": vllm["num_finished"], "vllm_rejected": vllm["num_rejected"],
+                    "partial": vllm["partial"], "rate_req_s": vllm.get("rate_req_s"),
                 })  # fmt: skip
     return {"rows": rows, "targets": TARGETS}
 
@@ -140,22 +163,24 @@ def compare(a: argparse.Namespace) -> dict[str, Any]:
 def report(result: dict[str, Any], out: Path, a: argparse.Namespace) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "vllm_fidelity.json").write_text(json.dumps(result, indent=2) + "\n")
-    frame = pd.DataFrame(result["rows"])
-    cols = ["condition", "policy", "simulation", "vllm_speed_vs_profile"]
-    cols += [f"{m}_err" for m in TARGETS] + ["meets"]
-    shown = frame[cols].copy()
-    for m in TARGETS:
-        shown[f"{m}_err"] = shown[f"{m}_err"].map(lambda e: f"{e:+.1%}")
-    shown["vllm_speed_vs_profile"] = shown["vllm_speed_vs_profile"].map("{:.3f}".format)
-    table = markdown_table(shown)
-    (out / "vllm_fidelity.md").write_text(table + "\n")
+    heads = ["condition", "policy", "simulation", "vLLM speed vs profile"]
+    heads += [f"{m} error" for m in TARGETS] + ["within targets"]
+    lines = [
+        [r["condition"], r["policy"], r["simulation"], f"{r['vllm_speed_vs_profile']:.3f}"]
+        + [f"{r[f'{m}_err']:+.1%}" for m in TARGETS]
+        + ["yes" if r["meets"] else "no"]
+        for r in result["rows"]
+    ]
+    table = markdown_table(heads, lines, left=3)
+    (out / "vllm_fidelity.md").write_text(table)
     print(table)
-    write_manifest(out, profiles=[profile_path(a.profiles, "cpu", a.model)])
+    runs = f"{a.work}, made by `python -m experiments.vllm_fidelity compare`"
+    write_manifest(out, profiles=[profile_path(a.profiles, "cpu", a.model)], runs=runs)
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=["profile", "compare"])
+    ap.add_argument("what", choices=["profile", "compare", "report"])
     ap.add_argument("--profiles", type=Path, default=PROFILES, help="vLLM's profiles_dir")
     ap.add_argument("--model", default="dummy-llama")
     ap.add_argument("--policies", nargs="+", default=["fcfs", "sjf", "vtc"])
@@ -170,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     if a.what == "profile":
         profile(a)
         return
-    report(compare(a), a.out or a.work, a)
+    report(compare(a) if a.what == "compare" else collect(a), a.out or a.work, a)
 
 
 if __name__ == "__main__":

@@ -39,8 +39,9 @@ from testbed.vllm_backend.support import FORGET_KEY, POLICY_KEY
 
 # vLLM's CPU attention takes KV blocks of a multiple of this many tokens.
 CPU_BLOCK_MULTIPLE = 32
-# Requests served before the replay and not measured (vLLM compiles on first use).
-WARMUP_PROMPTS = (16, 100, 300)
+# Requests served before the replay and not measured: vLLM compiles and its
+# caches warm on first use, and its first steps at a new size run slow.
+WARMUP_PROMPTS = (16, 48, 100, 200, 300, 500, 800, 1200, 1600)
 
 
 def run_vllm(
@@ -55,7 +56,7 @@ def run_vllm(
     job = {
         "engine_args": args,
         "requests": list(requests),
-        "warmup": warmup_requests(spec.vocab_size, cfg.seed),
+        "warmup": warmup_requests(spec.vocab_size, cfg.seed, args["max_model_len"]),
         "max_wall_s": cfg.mode.max_wall_s,
     }
     payload = run_child(python, job, on_progress, cfg.mode.threads)
@@ -144,18 +145,21 @@ def vllm_engine_args(cfg: DictConfig, spec: ModelSpec) -> dict[str, Any]:
     }
 
 
-def warmup_requests(vocab: int, seed: int) -> list[Request]:
-    """A few requests that make vLLM compile and allocate before the replay."""
+def warmup_requests(vocab: int, seed: int, max_model_len: int) -> list[Request]:
+    """Requests that make vLLM compile and allocate before the replay: prompts of
+    several lengths (those that fit), decoding together for a while."""
     from testbed.core import SamplingParams
     from testbed.workload import prompt_tokens
 
+    params = SamplingParams(max_tokens=32, ignore_eos=True)
+    lengths = [n for n in WARMUP_PROMPTS if n + params.max_tokens <= max_model_len]
     return [
         Request(
             request_id=f"warmup-{i}",
             prompt_token_ids=prompt_tokens(10**6 + i, n, None, 512, vocab, seed),
-            sampling_params=SamplingParams(max_tokens=8, ignore_eos=True),
+            sampling_params=params,
         )
-        for i, n in enumerate(WARMUP_PROMPTS)
+        for i, n in enumerate(lengths)
     ]
 
 
