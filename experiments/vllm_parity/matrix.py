@@ -10,7 +10,7 @@ both control planes' cost per step. Prints a table; writes ``matrix.csv``,
 
     python -m experiments.vllm_parity.matrix            # every case (about 10 minutes here)
     python -m experiments.vllm_parity.matrix --only fcfs-3000 priority-1000
-    python -m experiments.vllm_parity.matrix --in-vllm   # the in-vllm cases only
+    python -m experiments.vllm_parity.matrix --in-vllm   # in-vllm cases, stock on their stream
 """
 
 from __future__ import annotations
@@ -107,6 +107,12 @@ IN_VLLM = ("fcfs", "priority", "sjf", "edf", "vtc", "cache_aware_sjf", "srpt", "
 def in_vllm(policy: str, args: str = "{}", **settings) -> Settings:
     return Settings(policy=policy, policy_args=args, vllm_class=POLICY_CLASS, **settings)
 
+
+# Stock vLLM on the in-vllm cases' stream and settings: the class's cost per step
+# is the in-vllm case's vLLM time over these (fcfs and priority schedule alike).
+for _p in ("fcfs", "priority"):
+    CASES[f"{_p}-stock-mixed-roomy-2000"] = (MIXED, Settings(policy=_p, num_gpu_blocks=512))
+    CASES[f"{_p}-stock-mixed-tight-2000"] = (MIXED, Settings(policy=_p, num_gpu_blocks=64))
 
 for _p in IN_VLLM:
     CASES[f"{_p}-in-vllm-roomy-2000"] = (MIXED, in_vllm(_p, num_gpu_blocks=512))
@@ -207,9 +213,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", type=Path, default=Path("outputs/vllm_parity_matrix"))
     p.add_argument("--only", nargs="+", choices=sorted(CASES), help="these cases only")
-    p.add_argument("--in-vllm", action="store_true", help="the policy-in-vLLM cases only")
+    p.add_argument(
+        "--in-vllm",
+        action="store_true",
+        help="the policy-in-vLLM cases, and stock vLLM on their stream",
+    )
     a = p.parse_args(argv)
-    names = a.only or [n for n in CASES if not a.in_vllm or "-in-vllm" in n]
+    names = a.only or [n for n in CASES if not a.in_vllm or "-in-vllm" in n or "-mixed-" in n]
     table = run_matrix(names, a.out)
     flat = table.drop(columns=["stream", "settings"])
     flat.to_csv(a.out / "matrix.csv", index=False)
