@@ -144,6 +144,15 @@ CASES.update(
                 forget_uncomputed=True,
             ),
         ),
+        "cache_aware_sjf-in-vllm-threshold-forget-2000": (
+            MIXED,
+            in_vllm(
+                "cache_aware_sjf",
+                num_gpu_blocks=128,
+                long_prefill_token_threshold=64,
+                forget_uncomputed=True,
+            ),
+        ),
         "edf-reject-late-in-vllm-2000": (MIXED, in_vllm("edf", '{"reject_late": true}')),
         "sjf-aging-in-vllm-2000": (
             MIXED,
