@@ -114,6 +114,15 @@ for _p in ("fcfs", "priority"):
     CASES[f"{_p}-stock-mixed-roomy-2000"] = (MIXED, Settings(policy=_p, num_gpu_blocks=512))
     CASES[f"{_p}-stock-mixed-tight-2000"] = (MIXED, Settings(policy=_p, num_gpu_blocks=64))
 
+# vLLM keeps a same-step victim's never-written blocks findable; the testbed does
+# not (sjf, edf and cache_aware_sjf part in the *-threshold cases): the class's
+# forget_uncomputed does as the testbed.
+for _p in ("sjf", "edf", "cache_aware_sjf"):
+    CASES[f"{_p}-in-vllm-threshold-forget-2000"] = (
+        MIXED,
+        in_vllm(_p, num_gpu_blocks=128, long_prefill_token_threshold=64, forget_uncomputed=True),
+    )
+
 for _p in IN_VLLM:
     CASES[f"{_p}-in-vllm-roomy-2000"] = (MIXED, in_vllm(_p, num_gpu_blocks=512))
     CASES[f"{_p}-in-vllm-tight-2000"] = (MIXED, in_vllm(_p, num_gpu_blocks=64))
@@ -123,36 +132,6 @@ for _p in IN_VLLM:
     )
 CASES.update(
     {
-        # vLLM keeps a same-step victim's never-written blocks findable; the testbed
-        # does not (the *-threshold cases of sjf and edf part there): the class can
-        # do as the testbed.
-        "sjf-in-vllm-threshold-forget-2000": (
-            MIXED,
-            in_vllm(
-                "sjf",
-                num_gpu_blocks=128,
-                long_prefill_token_threshold=64,
-                forget_uncomputed=True,
-            ),
-        ),
-        "edf-in-vllm-threshold-forget-2000": (
-            MIXED,
-            in_vllm(
-                "edf",
-                num_gpu_blocks=128,
-                long_prefill_token_threshold=64,
-                forget_uncomputed=True,
-            ),
-        ),
-        "cache_aware_sjf-in-vllm-threshold-forget-2000": (
-            MIXED,
-            in_vllm(
-                "cache_aware_sjf",
-                num_gpu_blocks=128,
-                long_prefill_token_threshold=64,
-                forget_uncomputed=True,
-            ),
-        ),
         "edf-reject-late-in-vllm-2000": (MIXED, in_vllm("edf", '{"reject_late": true}')),
         "sjf-aging-in-vllm-2000": (
             MIXED,

@@ -16,7 +16,7 @@ from __future__ import annotations
 from array import array
 
 from testbed.core.config import SchedulerConfig
-from testbed.core.kv_cache import KVCacheManager, PrefixCacheStats
+from testbed.core.kv_cache import KVCacheManager, PrefixCacheStats, cdiv
 from testbed.core.kv_connector import KVConnector
 from testbed.core.outputs import ExecutorOutput, SchedulerOutput
 from testbed.core.policy import Decision, Policy, overrides
@@ -27,16 +27,35 @@ from testbed.core.spec_stats import SpecDecodingStats
 RUNNING = RequestStatus.RUNNING
 
 
-def displacement_victim(policy: Policy, running, head: Request, now: float):
+def displacement_victim(
+    policy: Policy,
+    running,
+    head: Request,
+    now: float,
+    max_num_seqs: int,
+    free_blocks: int,
+    block_size: int,
+):
     """The running request that the waiting request ``head`` displaces under a
-    preemptive ``policy``: the worst running one by ``(key, arrival_seq)``, when
-    ``head`` ranks strictly before it; else None. Whether the batch or the cache
-    lacks room is the caller's test (vLLM's ``PolicyScheduler`` shares this rule)."""
+    preemptive ``policy`` before a step: the worst running one by ``(key,
+    arrival_seq)``, when ``head`` ranks strictly before it and the batch is full
+    or ``free_blocks`` cannot hold ``head``; else None. The one rule of both this
+    scheduler and vLLM's ``PolicyScheduler``."""
     key = policy.key
     worst = max(running, key=lambda r: (key(r, now), r.arrival_seq))
-    if (key(head, now), head.arrival_seq) < (key(worst, now), worst.arrival_seq):
+    if (key(head, now), head.arrival_seq) >= (key(worst, now), worst.arrival_seq):
+        return None
+    if len(running) >= max_num_seqs or cdiv(head.num_tokens, block_size) > free_blocks:
         return worst
     return None
+
+
+def reject(request: Request, reason: str, now: float) -> None:
+    """Mark ``request`` refused at ``now`` with ``reason`` (never served), in any
+    engine: this scheduler's, or vLLM's as ``mode=vllm`` records it."""
+    request.status = RequestStatus.REJECTED
+    request.reject_reason = request.finish_reason = reason
+    request.finish_time = now
 
 
 class Scheduler:
@@ -163,9 +182,7 @@ class Scheduler:
 
     def reject(self, request: Request, reason: str, now: float) -> None:
         """Refuse a request that never entered the queues (it is not reported again)."""
-        request.status = RequestStatus.REJECTED
-        request.reject_reason = request.finish_reason = reason
-        request.finish_time = now
+        reject(request, reason, now)
 
     def _reject(self, request: Request, reason: str, now: float) -> None:
         """Refuse a queued request: reported by the next update."""
@@ -320,12 +337,17 @@ class Scheduler:
         displaces the worst running one when the batch is full or the cache has no
         room for the newcomer. The victim gets nothing this step, and the step
         admits no one (as after any preemption)."""
-        head = self.waiting.peek(now)
-        worst = displacement_victim(self.policy, self.running, head, now)
-        if worst is None:
-            return
-        full = len(self.running) >= self.config.max_num_seqs
-        if full or self.kv.blocks_needed(head.num_tokens) > self.kv.num_free_blocks:
+        kv = self.kv
+        worst = displacement_victim(
+            self.policy,
+            self.running,
+            self.waiting.peek(now),
+            now,
+            self.config.max_num_seqs,
+            kv.num_free_blocks,
+            kv.block_size,
+        )
+        if worst is not None:
             self._preempt(worst, out, now)
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:

@@ -20,6 +20,7 @@ from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.llm_engine import LLMEngine
 
 from testbed.core import Request, RequestStatus, StepResult, WallClock
+from testbed.core.scheduler import reject
 from testbed.vllm_backend.steps import STEP_LOG_KEY, merged
 
 SCHEDULER_CLS = "testbed.vllm_backend.scheduler.PolicyScheduler"
@@ -101,9 +102,7 @@ class VllmEngine:
 
     @staticmethod
     def _reject(req: Request, reason: str, now: float) -> bool:
-        req.status = RequestStatus.REJECTED
-        req.reject_reason = req.finish_reason = reason
-        req.finish_time = now
+        reject(req, reason, now)
         return False
 
     def has_unfinished_requests(self) -> bool:
@@ -180,13 +179,12 @@ class VllmEngine:
         reason = completion.finish_reason if completion is not None else "abort"
         stop = completion.stop_reason if completion is not None else None
         del self.requests[req.request_id]
-        req.finish_time = now
         if reason == "abort" and isinstance(stop, str):  # refused by the policy
-            req.status = RequestStatus.REJECTED
-            req.reject_reason = req.finish_reason = stop
+            reject(req, stop, now)
         else:
             req.status = STATUS.get(reason, RequestStatus.FINISHED_ABORTED)
             req.finish_reason = "aborted" if reason == "abort" else reason
+            req.finish_time = now
         return req
 
     def reset_prefix_cache(self) -> None:

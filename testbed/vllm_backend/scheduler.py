@@ -211,18 +211,18 @@ class PolicyScheduler(Scheduler):
         step's ``preempted_req_ids``, and the waiting queue holds its requests back
         for the step (no admissions in a step that preempted)."""
         views = self.views
-        head = self.waiting.head()
-        worst = displacement_victim(
-            self.tb_policy, [views[r.request_id] for r in self.running], head, now
-        )
-        if worst is None:
-            return
-        full = len(self.running) >= self.scheduler_config.max_num_seqs
         # vLLM's pool keeps its null block out of the free count, as the testbed's
         # cache (one block smaller) has none.
-        free = self.kv_cache_manager.block_pool.get_num_free_blocks()
-        need = -(-head.num_tokens // self.block_size)
-        if full or need > free:
+        worst = displacement_victim(
+            self.tb_policy,
+            [views[r.request_id] for r in self.running],
+            self.waiting.head(),
+            now,
+            self.scheduler_config.max_num_seqs,
+            self.kv_cache_manager.block_pool.get_num_free_blocks(),
+            self.block_size,
+        )
+        if worst is not None:
             self.running.remove(worst.req)
             self._preempt_request(worst.req, time.monotonic())  # outside the guard
             self.waiting.hold()
