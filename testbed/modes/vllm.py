@@ -27,12 +27,11 @@ from omegaconf import DictConfig
 from testbed.bootstrap import ROOT
 from testbed.build import engine_args, max_concurrency, run_model
 from testbed.core import Request
-from testbed.engine.args import CPU_KV_CACHE_BYTES
 from testbed.engine.device import cpu_name
 from testbed.errors import InputError
 from testbed.host import usable_cpus
 from testbed.metrics import RunResult
-from testbed.models import ModelSpec, num_kv_blocks
+from testbed.models import ModelSpec
 from testbed.profile_table import profile_path, read_profile_header
 from testbed.vllm_backend import install
 from testbed.vllm_backend.support import FORGET_KEY, POLICY_KEY
@@ -103,7 +102,10 @@ def vllm_speed(cfg: DictConfig, spec: ModelSpec, result: RunResult) -> dict[str,
 def vllm_engine_args(cfg: DictConfig, spec: ModelSpec) -> dict[str, Any]:
     """vLLM ``EngineArgs`` fields for the run's engine settings, policy and model;
     settings vLLM (or the policy class) cannot honour are refused here, by name."""
-    from testbed.engine.hf_export import hf_folder  # torch, only where a mode needs it
+    import torch  # only where a mode needs it
+
+    from testbed.engine.factory import engine_kv_blocks
+    from testbed.engine.hf_export import hf_folder
 
     a = engine_args(cfg)
     if a.speculative_config is not None:
@@ -119,9 +121,8 @@ def vllm_engine_args(cfg: DictConfig, spec: ModelSpec) -> dict[str, Any]:
             "mode that is compared with this run)"
         )
     dtype = a.dtype or cfg.model.get("dtype") or "float32"
-    blocks = a.num_kv_blocks or num_kv_blocks(
-        spec, dtype, a.block_size, a.kv_cache_bytes or CPU_KV_CACHE_BYTES
-    )
+    # The real engine's own count on a CPU (its KV budget), so both engines hold as much.
+    blocks = engine_kv_blocks(a, spec, dtype, torch.device("cpu"), measure=None)
     folder = hf_folder(run_model(cfg), cfg.seed)
     return {
         "model": str(folder),
