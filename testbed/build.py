@@ -272,11 +272,12 @@ def policy_name(cfg: DictConfig) -> str:
 
 def engine_args(cfg: DictConfig) -> EngineArgs:
     """The real engine's options: the engine group's own, by name (the two share
-    vLLM's names; ``speculative`` becomes ``speculative_config``), then what the
-    hardware, mode and policy groups set."""
+    vLLM's names; ``speculative`` becomes ``speculative_config``), the model's dtype,
+    then what the hardware, mode and policy groups set."""
     e, hw = cfg.engine, cfg.hardware
     named = {f.name: e[f.name] for f in fields(EngineArgs) if f.name in e}
     named["kv_cache_bytes"] = e.kv_cache_bytes or hw.kv_cache_bytes  # as kv_blocks takes it
+    named["dtype"] = named.get("dtype") or cfg.model.get("dtype")  # the model's, as mode=vllm
     return EngineArgs(
         **named,
         model=run_model(cfg).name,

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import torch
 
+from testbed.errors import InputError
 from testbed.host import cpu_fields
 
 
@@ -18,16 +19,26 @@ def pick_device(device: str | None) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+}
+
+
 def pick_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
-    if device.type == "cpu":
-        return torch.float32  # CPU kernels are fast and exact in fp32
-    named = {
-        "float16": torch.float16,
-        "fp16": torch.float16,
-        "float32": torch.float32,
-        "fp32": torch.float32,
-    }
-    return named.get(dtype or "", torch.bfloat16)
+    """The named dtype; unnamed (None or ``auto``): float32 on a CPU (exact, and the
+    precision CPU profiles are taken in), bfloat16 on an accelerator."""
+    if dtype is None or dtype == "auto":
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    if dtype not in DTYPES:
+        raise InputError(f"dtype={dtype!r}: not one of auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
 
 
 def pin_cpus(cpus: Sequence[int]) -> None:

@@ -50,7 +50,7 @@ from testbed.kernels.torch_attention import reshape_and_cache
 __all__ = ["paged_attention_decode", "paged_attention_prefill", "reshape_and_cache", "warm_up"]
 
 ROW_CHUNK = 256  # query rows per item of a chunk after a prefix: keys past its end skipped
-GROUP_BYTES = 8 * 2**20  # gathered K+V (float32) per call: temporaries that stay in cache
+GROUP_BYTES = 8 * 2**20  # gathered K+V per call: temporaries that stay in cache
 PAD_SLACK = 1.3  # a group's padded work may exceed its items' own by this factor ...
 CALL_COST = 4096  # ... plus about one call's fixed cost, in (query row x key) units
 # A key costs about this many query rows of work besides its products (gathering
@@ -203,7 +203,7 @@ def _plan(meta: tuple[torch.Tensor, ...], query, key_cache, items) -> Plan:
         if short:
             native = torch.tensor(short, dtype=torch.int64).reshape(-1, 4)
     block_size = key_cache.shape[1]
-    bytes_per_key = 2 * key_cache.shape[2] * key_cache.shape[3] * 4
+    bytes_per_key = 2 * key_cache.shape[2] * key_cache.shape[3] * key_cache.element_size()
     groups = [
         _group(grp, block_tables, block_size, query.device)
         for causal in (True, False)
@@ -226,10 +226,16 @@ def route() -> str:
     return f"torch only: {cpu_native.unavailable_reason()}"
 
 
+NATIVE_DTYPES = (torch.float32, torch.bfloat16)  # what the C++ kernel reads and writes
+
+
 def _native_kernel(*tensors: torch.Tensor):
-    """The C++ kernel where it applies (``tensors`` all float32 on a CPU) and is
-    built, else None."""
-    if any(t.device.type != "cpu" or t.dtype != torch.float32 for t in tensors):
+    """The C++ kernel where it applies (``tensors`` on a CPU, all float32 or all
+    bfloat16) and is built, else None."""
+    dtypes = {t.dtype for t in tensors}
+    if any(t.device.type != "cpu" for t in tensors) or len(dtypes) != 1:
+        return None
+    if dtypes.pop() not in NATIVE_DTYPES:
         return None
     return cpu_native.kernel()
 

@@ -15,11 +15,15 @@
 // its context. Units run on torch's intra-op threads (at::parallel_for), so
 // torch.set_num_threads holds.
 //
-// float32 only; query and out need their last dimension contiguous, the caches
-// to be contiguous. Rows not in any item are left as they are.
+// float32 or bfloat16 (query, out and caches all of one type; bfloat16 values are
+// widened to float32 as they are read, so every sum and the softmax run in float32,
+// and outputs rounded to nearest-even as they are written); query and out need
+// their last dimension contiguous, the caches to be contiguous. Rows not in any
+// item are left as they are.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
@@ -58,20 +62,33 @@ inline float exp_nonpositive(float x) {
   return y * two_n;
 }
 
-inline float dot(const float* a, const float* b, int64_t n) {
+using BF16 = c10::BFloat16;
+
+inline float widen(float x) { return x; }
+inline float widen(BF16 x) { return static_cast<float>(x); }
+
+template <typename T>
+inline float dot(const float* a, const T* b, int64_t n) {
   float s[8] = {};
   int64_t d = 0;
   for (; d + 8 <= n; d += 8) {
-    for (int l = 0; l < 8; ++l) s[l] += a[d + l] * b[d + l];
+    for (int l = 0; l < 8; ++l) s[l] += a[d + l] * widen(b[d + l]);
   }
   float t = ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
-  for (; d < n; ++d) t += a[d] * b[d];
+  for (; d < n; ++d) t += a[d] * widen(b[d]);
   return t;
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
 
 // ---- AVX2 + FMA versions, for head_dim a multiple of 8 ----
+
+// 8 values as float32 lanes: bfloat16 is the upper half of a float32's bits.
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const BF16* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
 
 inline float hsum(__m256 v) {
   __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -100,13 +117,14 @@ inline __m256 exp8(__m256 x) {  // exp_nonpositive, 8 lanes
 
 // s[0..8) = q . k_t for 8 keys `stride` apart: one accumulator per key, then the
 // eight reduced together (a transpose by pairwise adds).
-inline void scores8(const float* q, const float* k, int64_t stride, int64_t n, float* s) {
+template <typename T>
+inline void scores8(const float* q, const T* k, int64_t stride, int64_t n, float* s) {
   __m256 a[8];
   for (int i = 0; i < 8; ++i) a[i] = _mm256_setzero_ps();
   for (int64_t d = 0; d < n; d += 8) {
     const __m256 qv = _mm256_loadu_ps(q + d);
     for (int i = 0; i < 8; ++i) {
-      a[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + i * stride + d), a[i]);
+      a[i] = _mm256_fmadd_ps(qv, load8(k + i * stride + d), a[i]);
     }
   }
   const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
@@ -116,24 +134,25 @@ inline void scores8(const float* q, const float* k, int64_t stride, int64_t n, f
   _mm256_storeu_ps(s, _mm256_add_ps(lo, hi));
 }
 
-inline float dot8(const float* q, const float* k, int64_t n) {
+template <typename T>
+inline float dot8(const float* q, const T* k, int64_t n) {
   __m256 a = _mm256_setzero_ps();
   for (int64_t d = 0; d < n; d += 8) {
-    a = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), a);
+    a = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load8(k + d), a);
   }
   return hsum(a);
 }
 
 // acc[0..8R) += sum_t p[t] * v_t[0..8R), the accumulators in R registers.
-template <int R>
-inline void accumulate_regs(float* acc, const float* p, const float* v, int64_t count,
+template <int R, typename T>
+inline void accumulate_regs(float* acc, const float* p, const T* v, int64_t count,
                             int64_t stride) {
   __m256 a[R];
   for (int i = 0; i < R; ++i) a[i] = _mm256_loadu_ps(acc + 8 * i);
   for (int64_t t = 0; t < count; ++t) {
     const __m256 pt = _mm256_broadcast_ss(p + t);
-    const float* vt = v + t * stride;
-    for (int i = 0; i < R; ++i) a[i] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(vt + 8 * i), a[i]);
+    const T* vt = v + t * stride;
+    for (int i = 0; i < R; ++i) a[i] = _mm256_fmadd_ps(pt, load8(vt + 8 * i), a[i]);
   }
   for (int i = 0; i < R; ++i) _mm256_storeu_ps(acc + 8 * i, a[i]);
 }
@@ -141,7 +160,8 @@ inline void accumulate_regs(float* acc, const float* p, const float* v, int64_t 
 #endif
 
 // s[t] = q . k_t for the `count` keys `stride` apart from `k`.
-inline void scores(const float* q, const float* k, int64_t stride, int64_t count, int64_t n,
+template <typename T>
+inline void scores(const float* q, const T* k, int64_t stride, int64_t count, int64_t n,
                    float* s) {
   int64_t t = 0;
 #if defined(__AVX2__) && defined(__FMA__)
@@ -191,7 +211,8 @@ inline float exp_shifted(float* x, int64_t count, float mx) {
 }
 
 // acc[0..n) += sum_t p[t] * v_t for the `count` value rows `stride` apart from `v`.
-inline void accumulate(float* acc, const float* p, const float* v, int64_t count, int64_t stride,
+template <typename T>
+inline void accumulate(float* acc, const float* p, const T* v, int64_t count, int64_t stride,
                        int64_t n) {
   int64_t d = 0;
 #if defined(__AVX2__) && defined(__FMA__)
@@ -212,18 +233,21 @@ inline void accumulate(float* acc, const float* p, const float* v, int64_t count
 #endif
   for (int64_t t = 0; t < count; ++t) {
     const float pt = p[t];
-    const float* vt = v + t * stride;
-    for (int64_t i = d; i < n; ++i) acc[i] += pt * vt[i];
+    const T* vt = v + t * stride;
+    for (int64_t i = d; i < n; ++i) acc[i] += pt * widen(vt[i]);
   }
 }
 
 // Asks for the next block's rows of this head while the current one is worked on:
 // the block table makes its address one the hardware prefetcher cannot guess.
-inline void prefetch_rows(const float* first, int64_t rows, int64_t stride, int64_t n) {
+template <typename T>
+inline void prefetch_rows(const T* first, int64_t rows, int64_t stride, int64_t n) {
 #if defined(__AVX2__) && defined(__FMA__)
   for (int64_t t = 0; t < rows; ++t) {
     const char* row = reinterpret_cast<const char*>(first + t * stride);
-    for (int64_t byte = 0; byte < n * 4; byte += 64) _mm_prefetch(row + byte, _MM_HINT_T0);
+    for (int64_t byte = 0; byte < n * static_cast<int64_t>(sizeof(T)); byte += 64) {
+      _mm_prefetch(row + byte, _MM_HINT_T0);
+    }
   }
 #else
   (void)first, (void)rows, (void)stride, (void)n;
@@ -252,8 +276,8 @@ struct Scratch {
 // fn(block b's rows from head h0 on, first key t0) for each block of `cache` holding
 // keys [k0, k1) (k0 at a block's start), the next block's rows of heads
 // h0 .. h0 + nh prefetched meanwhile.
-template <typename Fn>
-inline void for_each_block(const float* cache, const int32_t* table, int64_t h0, int64_t nh,
+template <typename T, typename Fn>
+inline void for_each_block(const T* cache, const int32_t* table, int64_t h0, int64_t nh,
                            int64_t k0, int64_t k1, const Shapes& sh, Fn fn) {
   const int64_t bs = sh.block_size, off = h0 * sh.head_dim;
   for (int64_t b = k0 / bs, t0 = k0; t0 < k1; ++b, t0 += bs) {
@@ -269,8 +293,9 @@ inline void for_each_block(const float* cache, const int32_t* table, int64_t h0,
 // chunk of keys: scores (each K block read once for all query vectors, from cache
 // after the first), exponentials against the running maximum, then the weighted
 // V rows. Vectors are ordered (KV head, row, query head of it).
+template <typename T>
 void attend_unit(const int64_t* it, int64_t h0, int64_t nh, const Shapes& sh, float scale,
-                 const float* q_base, float* o_base, const float* k_base, const float* v_base,
+                 const T* q_base, T* o_base, const T* k_base, const T* v_base,
                  const int32_t* tables, Scratch& w) {
   const int64_t hd = sh.head_dim, group = sh.group, bs = sh.block_size;
   const int64_t row0 = it[0], rows = it[1], keys = it[2];
@@ -289,16 +314,16 @@ void attend_unit(const int64_t* it, int64_t h0, int64_t nh, const Shapes& sh, fl
     for (int64_t j = 0; j < rows; ++j) {
       for (int64_t g = 0; g < group; ++g) {
         const int64_t r = (hh * rows + j) * group + g;
-        const float* src = q_base + (row0 + j) * sh.qs0 + ((h0 + hh) * group + g) * sh.qs1;
+        const T* src = q_base + (row0 + j) * sh.qs0 + ((h0 + hh) * group + g) * sh.qs1;
         float* dst = w.q.data() + r * hd;
-        for (int64_t d = 0; d < hd; ++d) dst[d] = src[d] * scale;
+        for (int64_t d = 0; d < hd; ++d) dst[d] = widen(src[d]) * scale;
         w.seen[r] = keys - rows + j + 1;  // the keys this vector sees
       }
     }
   }
   for (int64_t c0 = 0; c0 < keys; c0 += chunk) {
     const int64_t c1 = std::min(keys, c0 + chunk);
-    for_each_block(k_base, table, h0, nh, c0, c1, sh, [&](const float* kb, int64_t t0) {
+    for_each_block(k_base, table, h0, nh, c0, c1, sh, [&](const T* kb, int64_t t0) {
       for (int64_t r = 0; r < n; ++r) {
         const int64_t lim = std::min(bs, w.seen[r] - t0);
         if (lim > 0) {
@@ -321,7 +346,7 @@ void attend_unit(const int64_t* it, int64_t h0, int64_t nh, const Shapes& sh, fl
       w.mx[r] = top;
       w.sum[r] += exp_shifted(sr, count, top);
     }
-    for_each_block(v_base, table, h0, nh, c0, c1, sh, [&](const float* vb, int64_t t0) {
+    for_each_block(v_base, table, h0, nh, c0, c1, sh, [&](const T* vb, int64_t t0) {
       for (int64_t r = 0; r < n; ++r) {
         const int64_t lim = std::min(bs, w.seen[r] - t0);
         if (lim > 0) {
@@ -337,8 +362,8 @@ void attend_unit(const int64_t* it, int64_t h0, int64_t nh, const Shapes& sh, fl
         const int64_t r = (hh * rows + j) * group + g;
         const float* ar = w.acc.data() + r * hd;
         const float inv = 1.f / w.sum[r];
-        float* dst = o_base + (row0 + j) * sh.os0 + ((h0 + hh) * group + g) * sh.os1;
-        for (int64_t d = 0; d < hd; ++d) dst[d] = ar[d] * inv;
+        T* dst = o_base + (row0 + j) * sh.os0 + ((h0 + hh) * group + g) * sh.os1;
+        for (int64_t d = 0; d < hd; ++d) dst[d] = static_cast<T>(ar[d] * inv);
       }
     }
   }
@@ -358,9 +383,10 @@ void paged_attention_rows(
               "query and out: [tokens, heads, head_dim]");
   TORCH_CHECK(key_cache.dim() == 4 && value_cache.sizes() == key_cache.sizes(),
               "caches: [blocks, block_size, kv_heads, head_dim]");
-  TORCH_CHECK(query.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat &&
-                  key_cache.scalar_type() == at::kFloat && value_cache.scalar_type() == at::kFloat,
-              "float32 tensors only");
+  const auto dtype = query.scalar_type();
+  TORCH_CHECK((dtype == at::kFloat || dtype == at::kBFloat16) && out.scalar_type() == dtype &&
+                  key_cache.scalar_type() == dtype && value_cache.scalar_type() == dtype,
+              "query, out and caches: all float32 or all bfloat16");
   TORCH_CHECK(query.stride(2) == 1 && out.stride(2) == 1, "query and out: contiguous head_dim");
   TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous(), "caches: contiguous");
   TORCH_CHECK(block_tables.scalar_type() == at::kInt && block_tables.dim() == 2 &&
@@ -400,10 +426,6 @@ void paged_attention_rows(
                   " is not in the cache");
     }
   }
-  const float* q_base = query.data_ptr<float>();
-  float* o_base = out.data_ptr<float>();
-  const float* k_base = key_cache.data_ptr<float>();
-  const float* v_base = value_cache.data_ptr<float>();
   const int32_t* tables = block_tables.data_ptr<int32_t>();
   const float sc = static_cast<float>(scale);
   // Units: an item of a few rows (decodes, verifications) takes all its KV heads
@@ -424,13 +446,25 @@ void paged_attention_rows(
     for (int64_t h0 = 0; h0 < sh.kv_heads; h0 += nh) units.push_back({i, h0, nh});
   }
   const int64_t num_units = static_cast<int64_t>(units.size());
-  at::parallel_for(0, num_units, 1, [&](int64_t begin, int64_t end) {
-    Scratch w;
-    for (int64_t u = begin; u < end; ++u) {
-      attend_unit(its + 4 * units[u].item, units[u].h0, units[u].nh, sh, sc, q_base, o_base,
-                  k_base, v_base, tables, w);
-    }
-  });
+  const auto run = [&](auto tag) {
+    using T = decltype(tag);
+    const T* q_base = static_cast<const T*>(query.data_ptr());
+    T* o_base = static_cast<T*>(out.data_ptr());
+    const T* k_base = static_cast<const T*>(key_cache.data_ptr());
+    const T* v_base = static_cast<const T*>(value_cache.data_ptr());
+    at::parallel_for(0, num_units, 1, [&](int64_t begin, int64_t end) {
+      Scratch w;
+      for (int64_t u = begin; u < end; ++u) {
+        attend_unit(its + 4 * units[u].item, units[u].h0, units[u].nh, sh, sc, q_base, o_base,
+                    k_base, v_base, tables, w);
+      }
+    });
+  };
+  if (dtype == at::kBFloat16) {
+    run(c10::BFloat16());
+  } else {
+    run(0.f);
+  }
 }
 
 TORCH_LIBRARY(testbed_cpu, m) {

@@ -16,6 +16,7 @@ from testbed.config_schema import EngineConfig, compose_config
 from testbed.core import EngineCore, SchedulerConfig
 from testbed.core.kv_connector import PDConnector
 from testbed.engine.args import CPU_KV_CACHE_BYTES, EngineArgs
+from testbed.engine.device import pick_dtype
 from testbed.engine.factory import (
     build_engine,
     engine_kv_blocks,
@@ -55,6 +56,21 @@ def test_engine_args_carry_every_option_the_engine_group_names_alike():
     assert len(shared) == len(OPTIONS)
     for name in shared:
         assert getattr(args, name) == cfg.engine[name] != getattr(defaults, name), name
+
+
+@pytest.mark.parametrize("model,dtype", [("dummy-llama", "float32"), ("qwen3-0.6b", "bfloat16")])
+def test_the_real_engine_runs_in_the_models_dtype(model, dtype):
+    assert engine_args(compose_config(["mode=real", f"model={model}"])).dtype == dtype
+
+
+def test_a_named_dtype_is_kept_on_a_cpu_and_an_unknown_one_refused():
+    cpu = torch.device("cpu")
+    assert pick_dtype(None, cpu) == torch.float32
+    assert pick_dtype("auto", CUDA) == torch.bfloat16
+    assert pick_dtype("bfloat16", cpu) == torch.bfloat16
+    assert pick_dtype("float32", CUDA) == torch.float32
+    with pytest.raises(InputError, match="dtype='bf32'"):
+        pick_dtype("bf32", cpu)
 
 
 @pytest.mark.parametrize("name", sorted(DEFAULT_ONLY))

@@ -268,3 +268,24 @@ def test_the_engines_warm_up_loads_the_kernel_before_any_step(monkeypatch):
     llm = LLM("dummy-llama", num_kv_blocks=16, attention_backend="cpu", device="cpu")
     assert llm.executor.backend is cpu_attention
     assert asked, "the engine's warm-up did not load the C++ kernel"
+
+
+def test_bfloat16_decodes_and_chunks_run_in_the_kernel_and_equal_the_answer(native, monkeypatch):
+    """A bfloat16 cache and queries take the C++ kernel too (widened to float32 as it
+    reads them); its outputs are the float32 answer rounded once."""
+    monkeypatch.setenv("TESTBED_CPU_KERNEL", "native")
+    g = torch.Generator().manual_seed(11)
+    seq_lens = [700, 40, 33, 1, 300, 290, 18, 2, 129]
+    q_lens = [1, 40, 7, 1, 1, 1, 1, 2, 16]  # decodes, a short prompt, short chunks
+    case = make_case(seq_lens, 2, 64, 16, torch.bfloat16, g)
+    query, starts, expected = prefill_inputs(case, q_lens, 4, g)
+    args = (case.key_cache, case.value_cache, case.block_tables, starts, case.seq_lens, 0.125)
+    out = cpu_attention.paged_attention_prefill(query, *args)
+    plan = cpu_attention._last_plan[1]
+    assert plan.kernel is not None and plan.native is not None and not plan.groups
+    assert_close(out, expected, torch.bfloat16)
+    # The float32 result of the same bfloat16 inputs, rounded: within one bfloat16 step.
+    wide = [t.float() for t in (query, case.key_cache, case.value_cache)]
+    exact = cpu_attention.paged_attention_prefill(wide[0], wide[1], wide[2], *args[2:])
+    step = exact.abs().clamp_min(2**-20) * 2**-7
+    assert ((out.float() - exact).abs() <= step).all()
