@@ -17,6 +17,7 @@ from collections import defaultdict
 
 from torch import nn
 
+from testbed.engine.cpu_linear import packed_linears
 from testbed.profiling.measure import TimedBackend
 
 PARTS = ("attention", "linear", "other_forward", "lm_head_sampling", "prepare", "control_plane")
@@ -43,10 +44,10 @@ class StepBreakdown:
         self._backend, self._step = executor.backend, engine.step
         executor.backend = self._timed = TimedBackend(executor.backend, executor.device)
         self._hooks = []
-        for module in executor.model.model.layers.modules():
-            if isinstance(module, nn.Linear):
-                self._hooks.append(module.register_forward_pre_hook(self._linear_start))
-                self._hooks.append(module.register_forward_hook(self._linear_end))
+        linears = [m for m in executor.model.model.layers.modules() if isinstance(m, nn.Linear)]
+        for module in linears + packed_linears(executor.model):
+            self._hooks.append(module.register_forward_pre_hook(self._linear_start))
+            self._hooks.append(module.register_forward_hook(self._linear_end))
         engine.step = self._timed_step
         return self
 

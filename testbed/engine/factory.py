@@ -14,6 +14,7 @@ import torch
 from policies import make_policy
 from testbed.core import EngineCore, Request, SamplingParams, SchedulerConfig, WallClock
 from testbed.core.kv_connector import PDConnector
+from testbed.engine import cpu_layer_ops, cpu_linear
 from testbed.engine.args import CPU_KV_CACHE_BYTES, EngineArgs
 from testbed.engine.batch import flatten
 from testbed.engine.device import pick_device, pick_dtype, pin_cpus
@@ -75,6 +76,9 @@ def make_proposer(
     )
     dtype = next(target.parameters()).dtype
     base = target if same else build_model(cfg, folder, dtype, device, seed=seed)
+    if device.type == "cpu":
+        cpu_linear.pack(base)
+        cpu_layer_ops.enable(base)
     return DraftModelProposer(
         FirstLayers(base, layers), layers, k, num_blocks, block_size, backend, device, seed
     )
@@ -134,6 +138,9 @@ def build_engine(
         model, dtype = weights, next(weights.parameters()).dtype
     else:
         model = build_model(cfg, folder, dtype, device, seed=args.seed)
+    if device.type == "cpu":
+        cpu_linear.pack(model)  # where it cannot, F.linear runs (cpu_linear.route says why)
+        cpu_layer_ops.enable(model)  # where it cannot, the torch modules run
     spec = ModelSpec.from_hf_config(cfg.raw, name=name)
     dtype_name = str(dtype).removeprefix("torch.")
     max_len = args.max_model_len or cfg.max_model_len

@@ -58,6 +58,7 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
         self._cached: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self.ops = None  # fused CPU ops (testbed/engine/cpu_layer_ops.py); None: torch's
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cached = self._cached
@@ -71,6 +72,11 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, *xs: torch.Tensor) -> list[torch.Tensor]:
         cos, sin = self.cos_sin(positions)
+        if self.ops is not None:
+            fused = [torch.empty(x.shape, dtype=x.dtype) for x in xs]
+            for o, x in zip(fused, xs, strict=True):
+                self.ops.rotary(o, x, cos, sin)
+            return fused
         out = []
         for x in xs:  # [tokens, heads, head_dim], the "rotate half" convention of HF
             x1, x2 = x.float().chunk(2, dim=-1)
@@ -84,8 +90,13 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.ops = None  # fused CPU ops (testbed/engine/cpu_layer_ops.py); None: torch's
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.ops is not None and x.dim() == 2 and x.stride(1) == 1:
+            out = torch.empty(x.shape, dtype=x.dtype)
+            self.ops.rms_norm(out, x, self.weight, self.eps)
+            return out
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -105,12 +116,19 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.scale = d**-0.5
+        self.sizes = (cfg.num_heads * d, cfg.num_kv_heads * d, cfg.num_kv_heads * d)
+        # {"qkv": ..., "o": ...}: packed CPU products (testbed/engine/cpu_linear.py)
+        self.packed: dict | None = None
 
     def forward(self, x, positions, rope, meta: AttentionMetadata, kv_cache, backend):
         t = x.shape[0]
-        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        if self.packed is not None:
+            q, k, v = self.packed["qkv"](x).split(self.sizes, dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rope(positions, q, k)
@@ -136,7 +154,8 @@ class Attention(nn.Module):
                 meta.seq_lens,
                 self.scale,
             )
-        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+        out = out.reshape(t, self.num_heads * self.head_dim)
+        return self.o_proj(out) if self.packed is None else self.packed["o"](out)
 
 
 class MLP(nn.Module):
@@ -146,9 +165,21 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(h, i, bias=False)
         self.up_proj = nn.Linear(h, i, bias=False)
         self.down_proj = nn.Linear(i, h, bias=False)
+        # {"gate_up": ..., "down": ...}: packed CPU products (testbed/engine/cpu_linear.py)
+        self.packed: dict | None = None
+        self.ops = None  # fused CPU ops (testbed/engine/cpu_layer_ops.py); None: torch's
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.packed is None:
+            return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate_up = self.packed["gate_up"](x)
+        if self.ops is not None:
+            act = torch.empty(gate_up.shape[0], gate_up.shape[1] // 2, dtype=gate_up.dtype)
+            self.ops.silu_and_mul(act, gate_up)
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)
+            act = nn.functional.silu(gate) * up
+        return self.packed["down"](act)
 
 
 class DecoderLayer(nn.Module):
@@ -190,6 +221,7 @@ class CausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        self.packed_head = None  # the LM head packed for a CPU (testbed/engine/cpu_linear.py)
 
     def forward(self, input_ids, positions, meta: AttentionMetadata, kv_caches, backend):
         m = self.model
@@ -199,6 +231,8 @@ class CausalLM(nn.Module):
         return m.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.packed_head is not None:
+            return self.packed_head(hidden).float()
         rows, w = hidden.shape[0], self.lm_head.weight
         if (
             rows <= self.cpu_view_logits_rows

@@ -1,5 +1,6 @@
 """The C++ paged-attention kernel for short queries on a CPU
-(``cpu_paged_attention.cpp``), compiled on first use and loaded as a torch op.
+(``cpu_paged_attention.cpp``) and a decoder layer's fused elementwise ops
+(``cpu_layer_ops.cpp``), compiled on first use and loaded as torch ops.
 
 It reads K/V through the block table (no gathered copy, no padding) for every
 query of a few rows in one call: decodes, speculative verifications, short
@@ -28,7 +29,7 @@ import torch
 
 from testbed.host import cpu_fields
 
-SOURCE = Path(__file__).with_name("cpu_paged_attention.cpp")
+SOURCES = [Path(__file__).with_name(n) for n in ("cpu_paged_attention.cpp", "cpu_layer_ops.cpp")]
 
 
 def _build_name() -> str:
@@ -72,7 +73,7 @@ def _build() -> Callable | None:
     try:
         cpp_extension.load(
             name=_build_name(),
-            sources=[str(SOURCE)],
+            sources=[str(s) for s in SOURCES],
             extra_cflags=["-O3", "-march=native", "-fopenmp"],
             extra_ldflags=["-fopenmp"],  # the libgomp torch loaded: its threads
             is_python_module=False,
@@ -94,6 +95,12 @@ def kernel() -> Callable | None:
     """``paged_attention_rows(out, query, key_cache, value_cache, block_tables,
     items, scale)``, or None where it is turned off or cannot be built."""
     return _build() if enabled() else None
+
+
+def layer_ops():
+    """``torch.ops.testbed_cpu`` with ``rms_norm``, ``silu_and_mul`` and ``rotary``
+    (``cpu_layer_ops.cpp``), or None where the build is turned off or failed."""
+    return torch.ops.testbed_cpu if kernel() is not None else None
 
 
 def unavailable_reason() -> str | None:

@@ -1,0 +1,159 @@
+// A decoder layer's elementwise steps on a CPU, each one pass over its rows
+// instead of the several torch ops (and float32 temporaries) the reference
+// modules in testbed/engine/model.py take:
+//
+// - rms_norm(out, x, weight, eps): the model's RMSNorm;
+// - silu_and_mul(out, gate_up): silu(gate) * up, gate and up the two halves of
+//   each row;
+// - rotary(q_out, k_out, q, k, cos, sin): the "rotate half" rotary embedding.
+//
+// float32 or bfloat16. Each computes in float32 and rounds (nearest-even) exactly
+// where the torch modules round a bfloat16 tensor: RMSNorm's normalized rows
+// before the weight and after it, silu's output before the product, the rotated
+// values once. Only sums may differ from torch's in their order. Rows are split
+// over torch's intra-op threads (at::parallel_for).
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+
+namespace {
+
+using BF16 = c10::BFloat16;
+
+inline float widen(float x) { return x; }
+inline float widen(BF16 x) { return static_cast<float>(x); }
+
+// A value as the tensor of type T holds it: rounded to T and back to float32.
+template <typename T>
+inline float held(float x) {
+  return widen(static_cast<T>(x));
+}
+
+template <typename T>
+void rms_norm_rows(T* out, const T* x, const T* w, int64_t rows, int64_t n, int64_t xs,
+                   int64_t os, float eps) {
+  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* xr = x + r * xs;
+      T* orow = out + r * os;
+      float sq = 0.f;
+      for (int64_t i = 0; i < n; ++i) {
+        const float v = widen(xr[i]);
+        sq += v * v;
+      }
+      const float inv = 1.f / std::sqrt(sq / static_cast<float>(n) + eps);
+      for (int64_t i = 0; i < n; ++i) {
+        orow[i] = static_cast<T>(widen(w[i]) * held<T>(widen(xr[i]) * inv));
+      }
+    }
+  });
+}
+
+template <typename T>
+void silu_and_mul_rows(T* out, const T* x, int64_t rows, int64_t n, int64_t xs, int64_t os) {
+  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* gate = x + r * xs;
+      const T* up = gate + n;
+      T* orow = out + r * os;
+      for (int64_t i = 0; i < n; ++i) {
+        const float g = widen(gate[i]);
+        orow[i] = static_cast<T>(held<T>(g / (1.f + std::exp(-g))) * widen(up[i]));
+      }
+    }
+  });
+}
+
+// x: [tokens, heads, d] with strides (s0, s1, 1); out contiguous [tokens, heads, d];
+// cos, sin: float32 [tokens, d] contiguous.
+template <typename T>
+void rotary_rows(T* out, const T* x, const float* cos, const float* sin, int64_t tokens,
+                 int64_t heads, int64_t d, int64_t s0, int64_t s1) {
+  const int64_t half = d / 2;
+  at::parallel_for(0, tokens, 8, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* c = cos + t * d;
+      const float* s = sin + t * d;
+      for (int64_t h = 0; h < heads; ++h) {
+        const T* xr = x + t * s0 + h * s1;
+        T* orow = out + (t * heads + h) * d;
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = widen(xr[i]), b = widen(xr[i + half]);
+          orow[i] = static_cast<T>(a * c[i] - b * s[i]);
+          orow[i + half] = static_cast<T>(b * c[i + half] + a * s[i + half]);
+        }
+      }
+    }
+  });
+}
+
+void check_dtype(const at::Tensor& t, at::ScalarType dtype, const char* name) {
+  TORCH_CHECK(t.scalar_type() == dtype, name, ": expected ", dtype, ", got ", t.scalar_type());
+}
+
+template <typename Fn>
+void by_dtype(at::ScalarType dtype, Fn fn) {
+  if (dtype == at::kBFloat16) {
+    fn(BF16());
+  } else {
+    TORCH_CHECK(dtype == at::kFloat, "float32 or bfloat16 only, got ", dtype);
+    fn(0.f);
+  }
+}
+
+}  // namespace
+
+void rms_norm(at::Tensor out, const at::Tensor& x, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.dim() == 2 && out.sizes() == x.sizes() && x.stride(1) == 1 &&
+                  out.stride(1) == 1 && weight.is_contiguous() && weight.numel() == x.size(1),
+              "rms_norm: x and out [rows, n] with contiguous rows, weight [n]");
+  check_dtype(out, x.scalar_type(), "out");
+  check_dtype(weight, x.scalar_type(), "weight");
+  by_dtype(x.scalar_type(), [&](auto tag) {
+    using T = decltype(tag);
+    rms_norm_rows(static_cast<T*>(out.data_ptr()), static_cast<const T*>(x.data_ptr()),
+                  static_cast<const T*>(weight.data_ptr()), x.size(0), x.size(1), x.stride(0),
+                  out.stride(0), static_cast<float>(eps));
+  });
+}
+
+void silu_and_mul(at::Tensor out, const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2 && out.dim() == 2 && out.size(0) == x.size(0) &&
+                  2 * out.size(1) == x.size(1) && x.stride(1) == 1 && out.stride(1) == 1,
+              "silu_and_mul: x [rows, 2n], out [rows, n], contiguous rows");
+  check_dtype(out, x.scalar_type(), "out");
+  by_dtype(x.scalar_type(), [&](auto tag) {
+    using T = decltype(tag);
+    silu_and_mul_rows(static_cast<T*>(out.data_ptr()), static_cast<const T*>(x.data_ptr()),
+                      x.size(0), out.size(1), x.stride(0), out.stride(0));
+  });
+}
+
+void rotary(at::Tensor out, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  TORCH_CHECK(x.dim() == 3 && out.sizes() == x.sizes() && out.is_contiguous() &&
+                  x.stride(2) == 1 && x.size(2) % 2 == 0,
+              "rotary: x [tokens, heads, d] (d even, contiguous), out contiguous like it");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat &&
+                  cos.is_contiguous() && sin.is_contiguous() && cos.numel() == x.size(0) * x.size(2) &&
+                  sin.numel() == cos.numel(),
+              "rotary: cos and sin float32 [tokens, d], contiguous");
+  check_dtype(out, x.scalar_type(), "out");
+  by_dtype(x.scalar_type(), [&](auto tag) {
+    using T = decltype(tag);
+    rotary_rows(static_cast<T*>(out.data_ptr()), static_cast<const T*>(x.data_ptr()),
+                cos.data_ptr<float>(), sin.data_ptr<float>(), x.size(0), x.size(1), x.size(2),
+                x.stride(0), x.stride(1));
+  });
+}
+
+TORCH_LIBRARY_FRAGMENT(testbed_cpu, m) {
+  m.def("rms_norm(Tensor(a!) out, Tensor x, Tensor weight, float eps) -> ()", &rms_norm);
+  m.def("silu_and_mul(Tensor(a!) out, Tensor x) -> ()", &silu_and_mul);
+  m.def("rotary(Tensor(a!) out, Tensor x, Tensor cos, Tensor sin) -> ()", &rotary);
+}
