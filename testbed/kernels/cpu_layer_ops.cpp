@@ -13,6 +13,8 @@
 // values once. Only sums may differ from torch's in their order. Rows are split
 // over torch's intra-op threads (at::parallel_for).
 
+#include "cpu_vec.h"
+
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
@@ -55,6 +57,47 @@ void rms_norm_rows(T* out, const T* x, const T* w, int64_t rows, int64_t n, int6
   });
 }
 
+// silu(g) = g * sigmoid(g), sigmoid from e = exp(-|g|) (never overflows):
+// 1 / (1 + e) for g >= 0, e / (1 + e) below.
+inline float silu(float g) {
+  const float e = testbed_cpu_vec::exp_nonpositive(-std::fabs(g));
+  return g * (g >= 0.f ? 1.f : e) / (1.f + e);
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+inline __m256 silu8(__m256 g) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256 e = testbed_cpu_vec::exp8(_mm256_or_ps(g, sign));  // exp(-|g|)
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 top = _mm256_blendv_ps(one, e, _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_LT_OQ));
+  return _mm256_div_ps(_mm256_mul_ps(g, top), _mm256_add_ps(one, e));
+}
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const BF16* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+// 8 float32 lanes stored as T: bfloat16 rounded to nearest-even (no NaN inputs here).
+inline void store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+inline void store8(BF16* p, __m256 v) {
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_srli_epi32(
+      _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7fff)), lsb), 16);
+  const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(rounded),
+                                          _mm256_extracti128_si256(rounded, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+}
+// A float32 vector as T holds it: bfloat16's rounding, applied and widened back.
+inline __m256 held8(float, __m256 v) { return v; }
+inline __m256 held8(BF16, __m256 v) {
+  alignas(32) BF16 tmp[8];
+  store8(tmp, v);
+  return load8(tmp);
+}
+#endif
+
 template <typename T>
 void silu_and_mul_rows(T* out, const T* x, int64_t rows, int64_t n, int64_t xs, int64_t os) {
   at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
@@ -62,9 +105,15 @@ void silu_and_mul_rows(T* out, const T* x, int64_t rows, int64_t n, int64_t xs, 
       const T* gate = x + r * xs;
       const T* up = gate + n;
       T* orow = out + r * os;
-      for (int64_t i = 0; i < n; ++i) {
-        const float g = widen(gate[i]);
-        orow[i] = static_cast<T>(held<T>(g / (1.f + std::exp(-g))) * widen(up[i]));
+      int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+      for (; i + 8 <= n; i += 8) {
+        const __m256 act = held8(T(), silu8(load8(gate + i)));
+        store8(orow + i, _mm256_mul_ps(act, load8(up + i)));
+      }
+#endif
+      for (; i < n; ++i) {
+        orow[i] = static_cast<T>(held<T>(silu(widen(gate[i]))) * widen(up[i]));
       }
     }
   });

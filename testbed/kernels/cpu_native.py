@@ -30,17 +30,20 @@ import torch
 from testbed.host import cpu_fields
 
 SOURCES = [Path(__file__).with_name(n) for n in ("cpu_paged_attention.cpp", "cpu_layer_ops.cpp")]
+HEADERS = [Path(__file__).with_name("cpu_vec.h")]
 
 
 def _build_name() -> str:
     """The build's name: one per CPU feature set, since ``-march=native`` code may
     not run on another CPU and torch's build cache (often a home folder that
-    machines share) is keyed on the name and the source only."""
+    machines share) is keyed on the name and the sources only; the headers the
+    sources include are in the name too, since torch does not see them."""
     fields = cpu_fields()
     flags = (
         fields.get("flags") or fields.get("Features") or platform.processor() or platform.machine()
     )
-    return f"testbed_cpu_{hashlib.sha1(flags.encode()).hexdigest()[:10]}"
+    key = flags.encode() + b"".join(h.read_bytes() for h in HEADERS)
+    return f"testbed_cpu_{hashlib.sha1(key).hexdigest()[:10]}"
 
 
 _reason: str | None = None  # why the kernel is not available (None: it is, or not tried)
