@@ -46,7 +46,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
+import math
+import signal
 import statistics
+import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -222,13 +226,17 @@ class Engines:
                 run_ours(llm, prompts, outputs)
             return b.summary(), {}
 
+    def prepare_replays(self) -> None:
+        """Build and warm up each vLLM server's replay engine, before any is timed."""
+        for dtype, server in self.vllm.items():
+            out = server.call("replay", requests=[])
+            self.vllm_info[dtype]["replay_engine_build_s"] = out["build_s"]
+
     def replay(self, side: str, dtype: str, requests: list[Request]) -> tuple[RunResult, dict]:
         """One online replay; its records, and for vLLM its scheduler's time per step."""
         if side == "vllm":
             with self.measured(side, dtype):
                 out = self.vllm[dtype].call("replay", requests=requests)
-            if out["build_s"]:  # its replay engine was built for this first replay
-                self.vllm_info[dtype]["replay_engine_build_s"] = out["build_s"]
             per_step = out["schedule_s"] / max(out["num_steps"], 1)
             return out["result"], {"scheduler_ms_per_step": 1e3 * per_step}
         engine = self.ours[dtype].engine
@@ -241,7 +249,10 @@ class Engines:
 
     def close(self) -> None:
         for server in self.vllm.values():
-            server.close()
+            try:
+                server.close()
+            except OSError as e:  # the others are stopped all the same
+                print(f"WARNING: stopping a vLLM server: {e!r}")
 
 
 def vllm_shares(raw: dict[str, Any]) -> tuple[dict, dict]:
@@ -258,8 +269,8 @@ def vllm_shares(raw: dict[str, Any]) -> tuple[dict, dict]:
         split = ops.get(kind) or every
         forward = s.get("forward", 0.0)
         part = b.seconds[kind]
-        part["attention"] = forward * split["attention"] / split["forward"]
-        part["linear"] = forward * split["linear"] / split["forward"]
+        for op in ("attention", "linear"):  # nan where no forward pass was profiled
+            part[op] = forward * split[op] / split["forward"] if split["forward"] else math.nan
         part["other_forward"] = forward - part["attention"] - part["linear"]
         part["lm_head_sampling"] = s.get("logits", 0.0) + s.get("sample", 0.0)
         part["prepare"] = s.get("execute", 0.0) - forward - s.get("logits", 0.0)
@@ -306,16 +317,28 @@ def run_offline(engines: Engines, name: str, repeats: int, m: Measured) -> None:
             m.breakdown[name, side, dtype] = engines.breakdown(side, dtype, prompts, outputs)
 
 
-def online_requests(n: int, rate: float | None = None) -> list[Request]:
+def online_requests(n: int, rate: float | None = None) -> tuple[list[Request], list[str]]:
     """Azure conv's first ``n`` requests with token ids, capped at the model's
-    length; at their arrival times rescaled to ``rate`` req/s where given."""
+    length, at their arrival times rescaled to ``rate`` req/s where given; and
+    what the loader did to the trace (its notes)."""
     trace = load_trace(TRACE, num_requests=n, max_model_len=MAX_LEN, rate=rate)
-    return to_requests(trace, with_tokens=True, vocab_size=VOCAB, seed=SEED)
+    reqs = to_requests(trace, with_tokens=True, vocab_size=VOCAB, seed=SEED)
+    return reqs, list(trace.attrs.get("notes", []))
+
+
+def missing_trace(n: int) -> str | None:
+    """Why the online part cannot run (the trace's file is not there), or None."""
+    try:
+        online_requests(n)
+    except FileNotFoundError as e:
+        print(f"online skipped: trace {TRACE}: {e}")
+        return f"online skipped: trace {TRACE}: {e}"
+    return None
 
 
 def run_online(engines: Engines, n: int, repeats: int, m: Measured) -> None:
     """Capacity offline on the trace's requests, then both engines at ``LOAD`` of it."""
-    reqs = online_requests(n)
+    reqs, _ = online_requests(n)
     prompts = [r.prompt_token_ids for r in reqs]
     outputs = [r.sampling_params.max_tokens for r in reqs]
     for side in engines.sides:
@@ -324,12 +347,21 @@ def run_online(engines: Engines, n: int, repeats: int, m: Measured) -> None:
     best = {s: max(m.capacity[s, d] for d in engines.dtypes) for s in engines.sides}
     slower = min(best, key=best.get)
     rate = LOAD * best[slower]
-    m.online_info.update(capacity_req_s=best[slower], capacity_from=slower, rate_req_s=rate)
+    arrivals, notes = online_requests(n, rate)
+    m.online_info.update(
+        requests=len(reqs),
+        capacity_req_s=best[slower],
+        capacity_from=slower,
+        load=LOAD,
+        rate_req_s=rate,
+        trace_notes=notes,
+    )
     print(f"  online: capacity {best[slower]:.2f} req/s ({slower}), replaying at {rate:.2f}")
+    engines.prepare_replays()
     for r in range(repeats):
         for side in engines.order(r):
             for dtype in engines.dtypes:
-                result, extra = engines.replay(side, dtype, online_requests(n, rate))
+                result, extra = engines.replay(side, dtype, copy.deepcopy(arrivals))
                 metrics = summarize(result)
                 extra["other_load_cores"] = engines.last_load
                 m.online[side, dtype].append({k: metrics[k] for k in ONLINE} | extra)
@@ -406,12 +438,12 @@ def online_rows(m: Measured) -> list[dict]:
     return rows
 
 
-def table(head: list[str], lines: list[list[str]]) -> None:
-    """Columns as wide as their widest cell, the first three left-aligned."""
+def table(head: list[str], lines: list[list[str]], left: int = 3) -> None:
+    """Columns as wide as their widest cell, the first ``left`` left-aligned."""
     widths = [max(len(str(c)) for c in col) for col in zip(head, *lines)]
     for line in [head, *lines]:
         cells = [
-            f"{c:<{w}}" if i < 3 else f"{c:>{w}}" for i, (c, w) in enumerate(zip(line, widths))
+            f"{c:<{w}}" if i < left else f"{c:>{w}}" for i, (c, w) in enumerate(zip(line, widths))
         ]
         print("  ".join(cells))
 
@@ -439,20 +471,22 @@ def print_tables(rows: list[dict]) -> None:
             for kind in ("all", "decode")
             if kind in r["breakdown"]
         ],
+        left=4,
     )
     online = [r for r in rows if r["kind"] == "online"]
     if online:
         print(f"\nonline ({TRACE}, {online[0]['rate_req_s']:.2f} req/s), ms (E2E: s):")
         ms = ONLINE[:4]
         table(
-            ["dtype", "engine", "", *ms, "e2e_s_mean", "e2e_s_p50", "out tok/s"],
+            ["dtype", "engine", *ms, "e2e_s_mean", "e2e_s_p50", "out tok/s"],
             [
-                [r["dtype"], r["engine"], ""]
+                [r["dtype"], r["engine"]]
                 + [f"{1e3 * r[k]:.1f}" for k in ms]
                 + [f"{r[k]:.2f}" for k in ("e2e_s_mean", "e2e_s_p50")]
                 + [f"{r['throughput_output_tok_s']:.1f}"]
                 for r in online
             ],
+            left=2,
         )
 
 
@@ -486,7 +520,8 @@ def main() -> None:
     ap.add_argument("--no-online", action="store_true")
     ap.add_argument("--out", default="benchmarks/results/engine_vs_vllm.json")
     args = ap.parse_args()
-    m, engines, skipped, online_skipped, interrupted = Measured(), None, None, None, False
+    m, engines, skipped, online_skipped = Measured(), None, None, None
+    interrupted, failure = False, None
     try:
         engines = Engines(args.dtypes)
         skipped = engines.start_vllm()
@@ -494,19 +529,15 @@ def main() -> None:
             print(skipped)
         for name in args.workloads:
             run_offline(engines, name, args.repeats, m)
-        if args.no_online:
-            online_skipped = "--no-online"
-        else:
-            try:
-                online_requests(args.online_requests)
-            except FileNotFoundError as e:
-                online_skipped = f"online skipped: trace {TRACE}: {e}"
-                print(online_skipped)
-            else:
-                run_online(engines, args.online_requests, args.online_repeats, m)
+        online_skipped = "--no-online" if args.no_online else missing_trace(args.online_requests)
+        if online_skipped is None:
+            run_online(engines, args.online_requests, args.online_repeats, m)
     except KeyboardInterrupt:
         interrupted = True
-        print("\ninterrupted: writing what was measured")
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second one must not lose the results
+        print("\ninterrupted: stopping the vLLM servers, then writing what was measured")
+    except Exception as e:  # written too, then raised
+        failure = e
     finally:
         if engines is not None:
             engines.close()
@@ -520,11 +551,16 @@ def main() -> None:
         vllm_skipped=skipped,
         online_skipped=online_skipped,
         interrupted=interrupted,
+        error=repr(failure) if failure else None,
         repeats=args.repeats,
         online_repeats=args.online_repeats,
         engine=ENGINE,
         model=SHORT_MODEL["name"],
     )
+    if failure is not None:
+        raise failure
+    if interrupted:
+        sys.exit(130)  # as a shell reports an interrupted command
 
 
 if __name__ == "__main__":

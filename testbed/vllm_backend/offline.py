@@ -50,10 +50,7 @@ AUTHKEY_ENV = "TESTBED_VLLM_AUTHKEY"
 FORWARD_LABEL = "testbed_forward"  # the profiler's name of a forward pass, ".<kind>" after it
 # Ops of a forward pass as torch.profiler names them (namespace dropped), by part;
 # the first match on the way down from the pass counts, with all it calls.
-LINEAR_OPS = frozenset(
-    {"onednn_mm", "onednn_scaled_mm", "mm", "addmm", "linear", "matmul", "bmm"}
-    | {"_linear_pointwise", "_mkl_linear"}
-)
+LINEAR_OPS = frozenset({"onednn_mm", "onednn_scaled_mm", "mm", "addmm", "linear", "matmul"})
 ATTENTION_MARKS = ("attention", "attn", "kv_cache")  # kernels, vLLM's custom ops, cache writes
 COMMANDS = ("build", "generate", "breakdown", "replay")
 
@@ -62,17 +59,16 @@ COMMANDS = ("build", "generate", "breakdown", "replay")
 
 
 class OfflineVllm:
-    """One server process and its connection; :meth:`call` sends a command and
-    returns its reply, raising ``RuntimeError`` (with the server's traceback) where
-    it failed. ``python``: the vLLM environment's interpreter."""
+    """One server process (``python``: the vLLM environment's; its output to
+    ``log``) and its connection; :meth:`call` sends a command and returns its
+    reply, or raises ``RuntimeError`` with the server's traceback."""
 
-    def __init__(self, python: Path, log: Path | None = None, env: dict | None = None) -> None:
+    def __init__(self, python: Path, log: Path | None = None) -> None:
         key = secrets.token_bytes(16)
         self.log = log or Path(tempfile.mkstemp(prefix="vllm-offline-", suffix=".log")[1])
         self._listener = Listener(family="AF_UNIX", authkey=key)
         server_env = {
             **os.environ,
-            **(env or {}),
             AUTHKEY_ENV: key.hex(),
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
             "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
@@ -129,12 +125,6 @@ class OfflineVllm:
                 self.proc.wait()
         self.conn.close()
         self._listener.close()
-
-    def __enter__(self) -> OfflineVllm:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 # --- the server, in vLLM's environment ---

@@ -9,6 +9,7 @@ import importlib
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -144,6 +145,32 @@ def test_without_vllm_our_engine_runs_alone_and_says_why(tmp_path):
         assert "azure_conv" in out["meta"]["online_skipped"] and not online
     else:
         check_online(online, {"ours"})
+
+
+def test_a_missing_trace_skips_the_online_part_by_name(bench, monkeypatch, tmp_path):
+    monkeypatch.setenv("TESTBED_TRACES_DIR", str(tmp_path))
+    why = bench.missing_trace(4)
+    assert "azure_conv" in why and str(tmp_path) in why and "TESTBED_TRACES_DIR" in why
+
+
+@pytest.mark.slow
+def test_an_interrupted_run_writes_what_it_measured(tmp_path):
+    out = tmp_path / "out.json"
+    env = {**os.environ, "TESTBED_VLLM_VENV": str(tmp_path / "none")}
+    cmd = [sys.executable, str(SCRIPT), *TINY, "--repeats", "1000", "--out", str(out)]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    for line in proc.stdout:
+        if "round 1 " in line:
+            proc.send_signal(signal.SIGINT)  # as Ctrl-C does
+            break
+    rest = proc.stdout.read()
+    assert proc.wait(timeout=120) == 130, rest[-3000:]
+    result = json.loads(out.read_text())
+    assert result["meta"]["interrupted"] is True
+    (row,) = [r for r in result["rows"] if r["kind"] == "offline"]
+    assert len(row["rounds_s"]) >= 2  # rounds 0 and 1 at least
 
 
 @pytest.mark.slow
