@@ -10,10 +10,11 @@ vocabulary 8000), in each ``--dtypes`` precision:
 - ``tiny``: 4 short requests, a smoke test of this script.
 
 Both engines take 64 sequences and 2048 tokens a step, KV blocks of 32 tokens
-(vLLM's CPU attention takes multiples of 32) and as many blocks (our engine's
-CPU budget, 512 MiB). vLLM loads our dummy weights written as an HF folder
-(``testbed.engine.hf_export``) and runs in its own environment (``.venv-vllm``),
-one server process per precision kept across rounds
+(vLLM's CPU attention takes multiples of 32), as many blocks (our engine's CPU
+budget, 512 MiB) and a thread on every core (vLLM binds one to each). vLLM
+loads our dummy weights written as an HF folder (``testbed.engine.hf_export``)
+and runs in its own environment (``.venv-vllm``), one server process per
+precision kept across rounds
 (``testbed/vllm_backend/offline.py``); where that environment is not set up,
 our engine runs alone and the output says how to set it up.
 
@@ -21,7 +22,8 @@ Offline: ``--repeats`` rounds of every engine and precision, ours first in even
 rounds and vLLM first in odd ones, so that a drift of the machine reaches both;
 each run follows a short warm-up and a second's pause (vLLM binds one OpenMP
 thread to each core, and anything else running slows it badly, so the other
-side must be idle and its spinning threads asleep). Reported: median seconds and
+side must be idle and its spinning threads asleep; each run records the cores
+that other processes kept busy, and warns). Reported: median seconds and
 output tok/s, each round's tok/s, ours over vLLM by round and of the medians,
 how many requests' greedy outputs agree, and where step time goes (one more
 untimed run each: ours through ``StepBreakdown``, vLLM through wall-clock
@@ -40,6 +42,8 @@ throughput as ``testbed.metrics`` defines them, medians over
     python benchmarks/engine_vs_vllm.py [--workloads short long] [--dtypes float32 bfloat16]
         [--repeats 3] [--online-requests 100] [--online-repeats 1] [--no-online]
         [--out benchmarks/results/engine_vs_vllm.json]
+
+An interrupt (Ctrl-C) stops the vLLM servers and writes what was measured.
 """
 
 from __future__ import annotations
@@ -117,7 +121,8 @@ class OtherLoad:
 
     def __exit__(self, *exc) -> None:
         (t0, busy0, own0), (t1, busy1, own1) = self._start, self._now()
-        self.cores = ((busy1 - busy0) - (own1 - own0)) / (t1 - t0) if t1 > t0 else float("nan")
+        others = (busy1 - busy0) - (own1 - own0)  # clock ticks: rounded to 0.001 core
+        self.cores = round(max(0.0, others) / (t1 - t0), 3) if t1 > t0 else float("nan")
 
 
 class Engines:
