@@ -216,7 +216,7 @@ inline void prefetch_rows(const T* first, int64_t rows, int64_t stride, int64_t 
   for (int64_t t = 0; t < rows; ++t) {
     const char* row = reinterpret_cast<const char*>(first + t * stride);
     for (int64_t byte = 0; byte < n * static_cast<int64_t>(sizeof(T)); byte += 64) {
-      _mm_prefetch(row + byte, _MM_HINT_T0);
+      _mm_prefetch(row + byte, _MM_HINT_T1);
     }
   }
 #else
@@ -294,6 +294,9 @@ void attend_unit(const int64_t* it, int64_t h0, int64_t nh, const Shapes& sh, fl
   for (int64_t c0 = 0; c0 < keys; c0 += chunk) {
     const int64_t c1 = std::min(keys, c0 + chunk);
     for_each_block(k_base, table, h0, nh, c0, c1, sh, [&](const T* kb, int64_t t0) {
+      // This block's V rows, read after the chunk's scores: asked for now, so the
+      // V pass does not start on memory it has to wait for.
+      prefetch_rows(v_base + (kb - k_base), std::min(bs, c1 - t0), sh.key_stride, nh * hd);
       for (int64_t r = 0; r < n; ++r) {
         const int64_t lim = std::min(bs, w.seen[r] - t0);
         if (lim > 0) {
@@ -425,6 +428,19 @@ void paged_attention_rows(
     at::parallel_for(0, num_units, 1, [&](int64_t begin, int64_t end) {
       Scratch w;
       for (int64_t u = begin; u < end; ++u) {
+        if (u + 1 < end) {  // the next unit's K and V blocks, while this one runs
+          const Unit& next = units[u + 1];
+          const int64_t* it = its + 4 * next.item;
+          const int32_t* row = tables + it[3] * sh.bt_stride;
+          const int64_t used = std::min<int64_t>((it[2] + sh.block_size - 1) / sh.block_size,
+                                                 kChunkKeys / sh.block_size);
+          for (int64_t b = 0; b < used; ++b) {
+            const int64_t off = row[b] * sh.block_stride + next.h0 * sh.head_dim;
+            const int64_t rows = std::min(sh.block_size, it[2] - b * sh.block_size);
+            prefetch_rows(k_base + off, rows, sh.key_stride, next.nh * sh.head_dim);
+            prefetch_rows(v_base + off, rows, sh.key_stride, next.nh * sh.head_dim);
+          }
+        }
         attend_unit(its + 4 * units[u].item, units[u].h0, units[u].nh, sh, sc, q_base, o_base,
                     k_base, v_base, tables, w);
       }
