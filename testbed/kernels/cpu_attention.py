@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from testbed.kernels import cpu_native
-from testbed.kernels.torch_attention import reshape_and_cache
+from testbed.kernels import torch_attention as reference
 
 __all__ = ["paged_attention_decode", "paged_attention_prefill", "reshape_and_cache", "warm_up"]
 
@@ -75,6 +75,24 @@ def warm_up(key_cache: torch.Tensor, value_cache: torch.Tensor, num_heads: int) 
     runs, as the engine's warm-up does: loading it costs tens of milliseconds (torch
     checks its build), which would otherwise land on a run's first step."""
     _native_kernel(key_cache, value_cache)
+
+
+def reshape_and_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """``torch_attention.reshape_and_cache``: one C++ copy per row where the kernels
+    are built (the reference's masks, index arithmetic and scatters are about ten
+    small ops per layer), else the reference."""
+    ops = cpu_native.layer_ops() if _native_kernel(key, value, key_cache) else None
+    if ops is None or key.stride(-1) != 1 or value.stride(-1) != 1:
+        reference.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+        return
+    slots = slot_mapping if slot_mapping.dtype == torch.int64 else slot_mapping.long()
+    ops.reshape_and_cache(key, value, key_cache, value_cache, slots.contiguous())
 
 
 def paged_attention_decode(

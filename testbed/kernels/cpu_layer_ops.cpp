@@ -5,7 +5,9 @@
 // - rms_norm(out, x, weight, eps): the model's RMSNorm;
 // - silu_and_mul(out, gate_up): silu(gate) * up, gate and up the two halves of
 //   each row;
-// - rotary(q_out, k_out, q, k, cos, sin): the "rotate half" rotary embedding.
+// - rotary(out, x, cos, sin): the "rotate half" rotary embedding;
+// - reshape_and_cache(key, value, key_cache, value_cache, slot_mapping): each
+//   token's K/V rows into its cache slot (slot -1: skipped), a copy per row.
 //
 // float32 or bfloat16. Each computes in float32 and rounds (nearest-even) exactly
 // where the torch modules round a bfloat16 tensor: RMSNorm's normalized rows
@@ -23,6 +25,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 namespace {
 
@@ -201,7 +204,51 @@ void rotary(at::Tensor out, const at::Tensor& x, const at::Tensor& cos, const at
   });
 }
 
+void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor key_cache,
+                       at::Tensor value_cache, const at::Tensor& slot_mapping) {
+  TORCH_CHECK(key.dim() == 3 && value.sizes() == key.sizes() && key.stride(2) == 1 &&
+                  value.stride(2) == 1,
+              "reshape_and_cache: key and value [tokens, kv_heads, head_dim], contiguous rows");
+  TORCH_CHECK(key_cache.dim() == 4 && value_cache.sizes() == key_cache.sizes() &&
+                  key_cache.is_contiguous() && value_cache.is_contiguous() &&
+                  key_cache.size(2) == key.size(1) && key_cache.size(3) == key.size(2),
+              "reshape_and_cache: caches [blocks, block_size, kv_heads, head_dim], contiguous");
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.dim() == 1 &&
+                  slot_mapping.is_contiguous() && slot_mapping.size(0) == key.size(0),
+              "reshape_and_cache: slot_mapping int64 [tokens]");
+  const auto dtype = key_cache.scalar_type();
+  check_dtype(key, dtype, "key");
+  check_dtype(value, dtype, "value");
+  check_dtype(value_cache, dtype, "value_cache");
+  const int64_t tokens = key.size(0), heads = key.size(1), d = key.size(2);
+  const int64_t slots = key_cache.size(0) * key_cache.size(1);
+  const int64_t* slot = slot_mapping.data_ptr<int64_t>();
+  for (int64_t t = 0; t < tokens; ++t) {
+    TORCH_CHECK(slot[t] < slots, "reshape_and_cache: token ", t, ": slot ", slot[t],
+                " past the cache's ", slots);
+  }
+  const int64_t bytes = d * static_cast<int64_t>(key.element_size());
+  const auto copy = [&](const at::Tensor& src, at::Tensor& cache) {
+    const char* base = static_cast<const char*>(src.data_ptr());
+    char* dst = static_cast<char*>(cache.data_ptr());
+    const int64_t s0 = src.stride(0) * src.element_size(), s1 = src.stride(1) * src.element_size();
+    at::parallel_for(0, tokens, 64, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        if (slot[t] < 0) continue;
+        char* row = dst + slot[t] * heads * bytes;
+        for (int64_t h = 0; h < heads; ++h) std::memcpy(row + h * bytes, base + t * s0 + h * s1, bytes);
+      }
+    });
+  };
+  copy(key, key_cache);
+  copy(value, value_cache);
+}
+
 TORCH_LIBRARY_FRAGMENT(testbed_cpu, m) {
+  m.def(
+      "reshape_and_cache(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
+      "Tensor slot_mapping) -> ()",
+      &reshape_and_cache);
   m.def("rms_norm(Tensor(a!) out, Tensor x, Tensor weight, float eps) -> ()", &rms_norm);
   m.def("silu_and_mul(Tensor(a!) out, Tensor x) -> ()", &silu_and_mul);
   m.def("rotary(Tensor(a!) out, Tensor x, Tensor cos, Tensor sin) -> ()", &rotary);

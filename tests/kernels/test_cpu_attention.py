@@ -289,3 +289,18 @@ def test_bfloat16_decodes_and_chunks_run_in_the_kernel_and_equal_the_answer(nati
     exact = cpu_attention.paged_attention_prefill(wide[0], wide[1], wide[2], *args[2:])
     step = exact.abs().clamp_min(2**-20) * 2**-7
     assert ((out.float() - exact).abs() <= step).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_cache_write_equals_the_references_and_skips_unslotted_tokens(kernel, dtype):
+    g = torch.Generator().manual_seed(2)
+    kv = torch.randn(9, 6, 32, generator=g).to(dtype)
+    key, value = kv[:, :3], kv[:, 3:]  # views whose rows are apart, as split from qkv
+    slots = torch.tensor([5, -1, 0, 17, 31, 8, -1, 30, 1])
+    caches = [torch.full((4, 8, 3, 32), 7.0, dtype=dtype) for _ in range(4)]
+    cpu_attention.reshape_and_cache(key, value, caches[0], caches[1], slots)
+    reference.reshape_and_cache(key, value, caches[2], caches[3], slots)
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+    assert (caches[0].view(32, 3, 32)[[2, 3, 4]] == 7.0).all()  # slots nobody wrote
+    with pytest.raises((RuntimeError, IndexError)):
+        cpu_attention.reshape_and_cache(key, value, caches[0], caches[1], slots + 30)
