@@ -226,9 +226,31 @@ class CausalLM(nn.Module):
     def forward(self, input_ids, positions, meta: AttentionMetadata, kv_caches, backend):
         m = self.model
         x = m.embed_tokens(input_ids)
+        if m.norm.ops is not None and x.dim() == 2:
+            return self._fused_forward(x, positions, meta, kv_caches, backend)
         for layer, kv_cache in zip(m.layers, kv_caches, strict=True):
             x = layer(x, positions, m.rotary_emb, meta, kv_cache, backend)
         return m.norm(x)
+
+    def _fused_forward(self, residual, positions, meta, kv_caches, backend):
+        """The same layers, each residual add fused with the norm that reads its sum
+        (``add_rms_norm``, the CPU ops of testbed/engine/cpu_layer_ops.py): the
+        residual stream is updated in place, one pass per add."""
+        m = self.model
+        ops = m.norm.ops
+
+        def add_norm(h, norm):
+            out = torch.empty_like(residual)
+            ops.add_rms_norm(residual, h, norm.weight, out, norm.eps)
+            return out
+
+        h = None
+        for layer, kv_cache in zip(m.layers, kv_caches, strict=True):
+            first = layer.input_layernorm
+            x = first(residual) if h is None else add_norm(h, first)
+            h = layer.self_attn(x, positions, m.rotary_emb, meta, kv_cache, backend)
+            h = layer.mlp(add_norm(h, layer.post_attention_layernorm))
+        return m.norm(residual) if h is None else add_norm(h, m.norm)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.packed_head is not None:

@@ -3,6 +3,8 @@
 // modules in testbed/engine/model.py take:
 //
 // - rms_norm(out, x, weight, eps): the model's RMSNorm;
+// - add_rms_norm(residual, x, weight, out, eps): residual += x, then out = the
+//   RMSNorm of the sum (a layer's residual add and the next norm, one pass);
 // - silu_and_mul(out, gate_up): silu(gate) * up, gate and up the two halves of
 //   each row;
 // - rotary(out, x, cos, sin): the "rotate half" rotary embedding;
@@ -29,7 +31,13 @@
 
 namespace {
 
-using BF16 = c10::BFloat16;
+using testbed_cpu_vec::BF16;
+#if defined(__AVX2__) && defined(__FMA__)
+using testbed_cpu_vec::held8;
+using testbed_cpu_vec::hsum;
+using testbed_cpu_vec::load8;
+using testbed_cpu_vec::store8;
+#endif
 
 inline float widen(float x) { return x; }
 inline float widen(BF16 x) { return static_cast<float>(x); }
@@ -40,22 +48,61 @@ inline float held(float x) {
   return widen(static_cast<T>(x));
 }
 
+// out = w * held(r * inv) for one row r already as T holds it (float32 lanes from
+// `src`), inv = 1 / sqrt(mean(r^2) + eps); `sq` is the row's sum of squares.
+template <typename T>
+inline void scale_row(T* out, const T* src, const T* w, int64_t n, float sq, float eps) {
+  const float inv = 1.f / std::sqrt(sq / static_cast<float>(n) + eps);
+  int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  const __m256 iv = _mm256_set1_ps(inv);
+  for (; i + 8 <= n; i += 8) {
+    store8(out + i, _mm256_mul_ps(load8(w + i), held8(T(), _mm256_mul_ps(load8(src + i), iv))));
+  }
+#endif
+  for (; i < n; ++i) out[i] = static_cast<T>(widen(w[i]) * held<T>(widen(src[i]) * inv));
+}
+
+template <typename T>
+inline float sum_squares(const T* x, int64_t n) {
+  float sq = 0.f;
+  int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  __m256 acc = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = load8(x + i);
+    acc = _mm256_fmadd_ps(v, v, acc);
+  }
+  sq = hsum(acc);
+#endif
+  for (; i < n; ++i) sq += widen(x[i]) * widen(x[i]);
+  return sq;
+}
+
 template <typename T>
 void rms_norm_rows(T* out, const T* x, const T* w, int64_t rows, int64_t n, int64_t xs,
                    int64_t os, float eps) {
   at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
+      scale_row(out + r * os, x + r * xs, w, n, sum_squares(x + r * xs, n), eps);
+    }
+  });
+}
+
+// residual += x (rounded as T, the residual stream's add), then out = its RMSNorm.
+template <typename T>
+void add_rms_norm_rows(T* res, const T* x, const T* w, T* out, int64_t rows, int64_t n,
+                       int64_t rs, int64_t xs, int64_t os, float eps) {
+  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      T* rr = res + r * rs;
       const T* xr = x + r * xs;
-      T* orow = out + r * os;
-      float sq = 0.f;
-      for (int64_t i = 0; i < n; ++i) {
-        const float v = widen(xr[i]);
-        sq += v * v;
-      }
-      const float inv = 1.f / std::sqrt(sq / static_cast<float>(n) + eps);
-      for (int64_t i = 0; i < n; ++i) {
-        orow[i] = static_cast<T>(widen(w[i]) * held<T>(widen(xr[i]) * inv));
-      }
+      int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+      for (; i + 8 <= n; i += 8) store8(rr + i, _mm256_add_ps(load8(rr + i), load8(xr + i)));
+#endif
+      for (; i < n; ++i) rr[i] = static_cast<T>(widen(rr[i]) + widen(xr[i]));
+      scale_row(out + r * os, rr, w, n, sum_squares(rr, n), eps);
     }
   });
 }
@@ -76,29 +123,6 @@ inline __m256 silu8(__m256 g) {
   return _mm256_div_ps(_mm256_mul_ps(g, top), _mm256_add_ps(one, e));
 }
 
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const BF16* p) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-// 8 float32 lanes stored as T: bfloat16 rounded to nearest-even (no NaN inputs here).
-inline void store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
-inline void store8(BF16* p, __m256 v) {
-  const __m256i bits = _mm256_castps_si256(v);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  const __m256i rounded = _mm256_srli_epi32(
-      _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7fff)), lsb), 16);
-  const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(rounded),
-                                          _mm256_extracti128_si256(rounded, 1));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
-}
-// A float32 vector as T holds it: bfloat16's rounding, applied and widened back.
-inline __m256 held8(float, __m256 v) { return v; }
-inline __m256 held8(BF16, __m256 v) {
-  alignas(32) BF16 tmp[8];
-  store8(tmp, v);
-  return load8(tmp);
-}
 #endif
 
 template <typename T>
@@ -172,6 +196,24 @@ void rms_norm(at::Tensor out, const at::Tensor& x, const at::Tensor& weight, dou
     rms_norm_rows(static_cast<T*>(out.data_ptr()), static_cast<const T*>(x.data_ptr()),
                   static_cast<const T*>(weight.data_ptr()), x.size(0), x.size(1), x.stride(0),
                   out.stride(0), static_cast<float>(eps));
+  });
+}
+
+void add_rms_norm(at::Tensor residual, const at::Tensor& x, const at::Tensor& weight,
+                  at::Tensor out, double eps) {
+  TORCH_CHECK(x.dim() == 2 && residual.sizes() == x.sizes() && out.sizes() == x.sizes() &&
+                  x.stride(1) == 1 && residual.stride(1) == 1 && out.stride(1) == 1 &&
+                  weight.is_contiguous() && weight.numel() == x.size(1),
+              "add_rms_norm: residual, x and out [rows, n] with contiguous rows, weight [n]");
+  check_dtype(residual, x.scalar_type(), "residual");
+  check_dtype(out, x.scalar_type(), "out");
+  check_dtype(weight, x.scalar_type(), "weight");
+  by_dtype(x.scalar_type(), [&](auto tag) {
+    using T = decltype(tag);
+    add_rms_norm_rows(static_cast<T*>(residual.data_ptr()), static_cast<const T*>(x.data_ptr()),
+                      static_cast<const T*>(weight.data_ptr()), static_cast<T*>(out.data_ptr()),
+                      x.size(0), x.size(1), residual.stride(0), x.stride(0), out.stride(0),
+                      static_cast<float>(eps));
   });
 }
 
@@ -250,6 +292,9 @@ TORCH_LIBRARY_FRAGMENT(testbed_cpu, m) {
       "Tensor slot_mapping) -> ()",
       &reshape_and_cache);
   m.def("rms_norm(Tensor(a!) out, Tensor x, Tensor weight, float eps) -> ()", &rms_norm);
+  m.def(
+      "add_rms_norm(Tensor(a!) residual, Tensor x, Tensor weight, Tensor(b!) out, float eps) -> ()",
+      &add_rms_norm);
   m.def("silu_and_mul(Tensor(a!) out, Tensor x) -> ()", &silu_and_mul);
   m.def("rotary(Tensor(a!) out, Tensor x, Tensor cos, Tensor sin) -> ()", &rotary);
 }

@@ -45,11 +45,13 @@ namespace {
 using testbed_cpu_vec::exp_nonpositive;
 #if defined(__AVX2__) && defined(__FMA__)
 using testbed_cpu_vec::exp8;
+using testbed_cpu_vec::hsum;
+using testbed_cpu_vec::load8;
 #endif
 
 // ---- Portable versions (any head_dim, any ISA) ----
 
-using BF16 = c10::BFloat16;
+using testbed_cpu_vec::BF16;
 
 inline float widen(float x) { return x; }
 inline float widen(BF16 x) { return static_cast<float>(x); }
@@ -70,19 +72,6 @@ inline float dot(const float* a, const T* b, int64_t n) {
 
 // ---- AVX2 + FMA versions, for head_dim a multiple of 8 ----
 
-// 8 values as float32 lanes: bfloat16 is the upper half of a float32's bits.
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const BF16* p) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
-inline float hsum(__m256 v) {
-  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-  x = _mm_add_ss(x, _mm_movehdup_ps(x));
-  return _mm_cvtss_f32(x);
-}
 
 
 // s[0..8) = q . k_t for 8 keys `stride` apart: one accumulator per key, then the

@@ -1,6 +1,9 @@
-// exp(x) for x <= 0, scalar and 8 lanes (AVX2 + FMA), shared by the CPU kernels
-// (cpu_paged_attention.cpp, cpu_layer_ops.cpp).
+// What the CPU kernels (cpu_paged_attention.cpp, cpu_layer_ops.cpp) share: exp(x)
+// for x <= 0, scalar and 8 lanes, and 8 lanes of float32 or bfloat16 loaded,
+// stored and rounded (AVX2 + FMA).
 #pragma once
+
+#include <c10/util/BFloat16.h>
 
 #include <algorithm>
 #include <cmath>
@@ -12,6 +15,8 @@
 #endif
 
 namespace testbed_cpu_vec {
+
+using BF16 = c10::BFloat16;
 
 // exp(x) for x <= 0 (scores less their maximum): 2^n times a degree-6 polynomial
 // of the remainder (Cephes' expf, relative error about 1e-7); below -87 it gives
@@ -51,6 +56,43 @@ inline __m256 exp8(__m256 x) {  // exp_nonpositive, 8 lanes
       _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
+
+// 8 values as float32 lanes: bfloat16 is the upper half of a float32's bits.
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const BF16* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// The bits of 8 float32 lanes rounded to bfloat16's (nearest-even; no NaN here),
+// the low 16 bits cleared.
+inline __m256i round_bf16_bits(__m256 v) {
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i up = _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7fff)), lsb);
+  return _mm256_and_si256(up, _mm256_set1_epi32(static_cast<int>(0xffff0000u)));
+}
+
+// 8 float32 lanes stored as T (bfloat16: rounded to nearest-even).
+inline void store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+inline void store8(BF16* p, __m256 v) {
+  const __m256i high = _mm256_srli_epi32(round_bf16_bits(v), 16);
+  const __m128i packed =
+      _mm_packus_epi32(_mm256_castsi256_si128(high), _mm256_extracti128_si256(high, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+}
+
+// 8 float32 lanes as a tensor of T holds them: bfloat16's rounding, widened back.
+inline __m256 held8(float, __m256 v) { return v; }
+inline __m256 held8(BF16, __m256 v) { return _mm256_castsi256_ps(round_bf16_bits(v)); }
+
+inline float hsum(__m256 v) {
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_add_ss(x, _mm_movehdup_ps(x));
+  return _mm_cvtss_f32(x);
+}
 #endif
+
 
 }  // namespace testbed_cpu_vec

@@ -73,6 +73,9 @@ def test_fused_ops_equal_the_torch_modules(native, dtype):
     norm.weight.data = torch.rand(256, generator=g).to(dtype) + 0.5
     fused_norm = torch.empty_like(x)
     ops.rms_norm(fused_norm, x, norm.weight, 1e-5)
+    residual, h = x.clone(), torch.randn(37, 256, generator=g).to(dtype)
+    summed = torch.empty_like(x)
+    ops.add_rms_norm(residual, h, norm.weight, summed, 1e-5)
     gate_up = torch.randn(37, 2 * 300, generator=g).to(dtype)
     act = torch.empty(37, 300, dtype=dtype)
     ops.silu_and_mul(act, gate_up)
@@ -87,6 +90,8 @@ def test_fused_ops_equal_the_torch_modules(native, dtype):
     got_q = rope(positions, q)[0]
     for got, want in [
         (fused_norm, norm(x)),
+        (residual, x + h),
+        (summed, norm(x + h)),
         (act, torch.nn.functional.silu(gate) * up),
         (got_q, want_q),
     ]:
