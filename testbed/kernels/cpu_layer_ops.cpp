@@ -39,8 +39,7 @@ using testbed_cpu_vec::load8;
 using testbed_cpu_vec::store8;
 #endif
 
-inline float widen(float x) { return x; }
-inline float widen(BF16 x) { return static_cast<float>(x); }
+using testbed_cpu_vec::widen;
 
 // A value as the tensor of type T holds it: rounded to T and back to float32.
 template <typename T>

@@ -54,8 +54,7 @@ using testbed_cpu_vec::load8;
 
 using testbed_cpu_vec::BF16;
 
-inline float widen(float x) { return x; }
-inline float widen(BF16 x) { return static_cast<float>(x); }
+using testbed_cpu_vec::widen;
 
 template <typename T>
 inline float dot(const float* a, const T* b, int64_t n) {

@@ -18,6 +18,10 @@ namespace testbed_cpu_vec {
 
 using BF16 = c10::BFloat16;
 
+// A float32 or bfloat16 value as float32.
+inline float widen(float x) { return x; }
+inline float widen(BF16 x) { return static_cast<float>(x); }
+
 // exp(x) for x <= 0 (scores less their maximum): 2^n times a degree-6 polynomial
 // of the remainder (Cephes' expf, relative error about 1e-7); below -87 it gives
 // about 1e-38 rather than 0.
