@@ -58,14 +58,16 @@ CALL_COST = 4096  # ... plus about one call's fixed cost, in (query row x key) u
 # prefill chunk's by the arithmetic.
 KEY_COST_ROWS = 4
 # Which items the C++ kernel (``cpu_native``) takes where it is built: it reads
-# K/V through the block table, with no copy and no padding, but computes each
-# (query row, key) pair without the matrix-product blocking of torch's fused
-# attention. Measured per layer on 2 cores (head_dim 64): it wins for every item
-# of a few rows, and up to about 2^18 (row x key) pairs (whole prompts of 512
-# tokens 0.64x torch's time, chunks of 256 rows after 1,024 keys 1.03x); a prompt
-# of 2,048 tokens takes it 2.7x as long.
+# K/V through the block table, with no copy and no padding, and takes a long
+# item's rows in tiles that keep their scores in cache. Measured per layer on 2
+# cores (head_dim 64) against torch's fused attention: in bfloat16 it wins on
+# every shape (4 prompts of 1,000 tokens 0.56-0.64x torch's time, one of 2,048
+# 0.82x); in float32 it wins up to about 2^21 (row x key) pairs (4 prompts of
+# 1,000 0.67x) and is level past it (one prompt of 2,048, or a chunk of 512 rows
+# after 3,000 keys: 1.04x).
 NATIVE_ROWS = 16  # up to this many rows (decodes, verifications): always the kernel
-NATIVE_PAIRS = 2**18  # more rows: the kernel while rows x keys stays within this
+NATIVE_PAIRS = {torch.float32: 2**21}  # more rows: the kernel while rows x keys stays
+# within this (a dtype not listed: every item)
 
 _WORKSPACES: dict[tuple, torch.Tensor] = {}  # (name, dtype, device) -> flat buffer
 
@@ -216,8 +218,8 @@ def _plan(meta: tuple[torch.Tensor, ...], query, key_cache, items) -> Plan:
     its = items()
     native = None
     if kernel is not None:
-        short = [it for it in its if _native_item(it)]
-        its = [it for it in its if not _native_item(it)]
+        short = [it for it in its if _native_item(it, query.dtype)]
+        its = [it for it in its if not _native_item(it, query.dtype)]
         if short:
             native = torch.tensor(short, dtype=torch.int64).reshape(-1, 4)
     block_size = key_cache.shape[1]
@@ -233,14 +235,19 @@ def _plan(meta: tuple[torch.Tensor, ...], query, key_cache, items) -> Plan:
     return plan
 
 
-def _native_item(it: Item) -> bool:
-    return it.rows <= NATIVE_ROWS or it.rows * it.keys <= NATIVE_PAIRS
+def _native_item(it: Item, dtype: torch.dtype) -> bool:
+    limit = NATIVE_PAIRS.get(dtype)
+    return it.rows <= NATIVE_ROWS or limit is None or it.rows * it.keys <= limit
 
 
 def route() -> str:
     """How this path runs short queries here, for profile headers and reports."""
     if cpu_native.kernel() is not None:
-        return f"C++ kernel for queries of <= {NATIVE_ROWS} rows or {NATIVE_PAIRS} row-key pairs"
+        limits = ", ".join(f"{str(d).removeprefix('torch.')} {n}" for d, n in NATIVE_PAIRS.items())
+        return (
+            f"C++ kernel for queries of <= {NATIVE_ROWS} rows or row-key pairs within "
+            f"{limits} (other dtypes: every query)"
+        )
     return f"torch only: {cpu_native.unavailable_reason()}"
 
 

@@ -6,8 +6,9 @@
 // speculative verification: its token and drafts; a short prompt: rows = keys).
 // A work unit is one item and some of its KV heads (all of them for an item of a
 // few rows where there are items enough for the threads, so that its K/V rows
-// are read whole): the item's rows of those heads' query heads (grouped-query
-// attention reads each K/V block once for all of them). Its keys go in chunks of
+// are read whole; one KV head and a tile of kTileRows rows of a longer item): the
+// rows' query vectors of those heads (grouped-query attention reads each K/V block
+// once for all of them). Its keys go in chunks of
 // whole blocks (kChunkKeys), three passes over each chunk's blocks: scores, their
 // exponentials against the running maximum per query vector (online softmax:
 // earlier chunks' sums and outputs rescaled when it rises), the weighted sum of
@@ -17,7 +18,10 @@
 //
 // float32 or bfloat16 (query, out and caches all of one type; bfloat16 values are
 // widened to float32 as they are read, so every sum and the softmax run in float32,
-// and outputs rounded to nearest-even as they are written); query and out need
+// and outputs rounded to nearest-even as they are written). Where the CPU has
+// AVX-512 BF16, bfloat16 scores are dot-pair products of Q and K as stored, and a
+// prompt tile's weights are rounded to bfloat16 for dot-pair products with V, as
+// torch's own bfloat16 attention rounds them; query and out need
 // their last dimension contiguous, the caches to be contiguous. Rows not in any
 // item are left as they are.
 
@@ -124,11 +128,13 @@ inline void accumulate_regs(float* acc, const float* p, const T* v, int64_t coun
 // Each vdpbf16ps multiplies 16 pairs of bfloat16 (products exact in float32) and
 // adds them to 8 float32 sums: no widening of K, half the instructions.
 
+// 16 bfloat16 values as 8 pairs.
+inline __m256bh load_pairs(const BF16* p) {
+  return reinterpret_cast<__m256bh>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
 inline __m256 dot_pairs(__m256 acc, const BF16* a, const BF16* b) {
-  return _mm256_dpbf16_ps(acc, reinterpret_cast<__m256bh>(_mm256_loadu_si256(
-                                   reinterpret_cast<const __m256i*>(a))),
-                          reinterpret_cast<__m256bh>(_mm256_loadu_si256(
-                              reinterpret_cast<const __m256i*>(b))));
+  return _mm256_dpbf16_ps(acc, load_pairs(a), load_pairs(b));
 }
 
 // s[0..8) = scale * (q . k_t) for 8 keys `stride` apart.
@@ -155,6 +161,79 @@ inline void scores_bf16(const BF16* q, const BF16* k, int64_t stride, int64_t co
     __m256 a = _mm256_setzero_ps();
     for (int64_t d = 0; d < n; d += 16) a = dot_pairs(a, q + d, k + t * stride + d);
     s[t] = hsum(a) * scale;
+  }
+}
+
+// V rows interleaved in pairs for dot-pair products: dst[(kp * cols + c) * 2 + j] =
+// row 2kp + j's column c, for the `lim` rows `stride` apart from `v` (a missing
+// odd row reads as zeros).
+inline void pair_rows(const BF16* v, int64_t stride, int64_t lim, int64_t cols, BF16* dst) {
+  for (int64_t t = 0; t < lim; t += 2) {
+    const BF16* a = v + t * stride;
+    const BF16* b = t + 1 < lim ? a + stride : nullptr;
+    BF16* out = dst + t * cols;  // pair t / 2 of 2 * cols values
+    int64_t c = 0;
+    for (; c + 16 <= cols; c += 16) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + c));
+      const __m256i y = b ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + c))
+                          : _mm256_setzero_si256();
+      // unpack works within 128-bit lanes: columns 0-3 and 8-11, then 4-7 and 12-15
+      const __m256i lo = _mm256_unpacklo_epi16(x, y), hi = _mm256_unpackhi_epi16(x, y);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2 * c),
+                          _mm256_permute2x128_si256(lo, hi, 0x20));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2 * c + 16),
+                          _mm256_permute2x128_si256(lo, hi, 0x31));
+    }
+    for (; c < cols; ++c) {
+      out[2 * c] = a[c];
+      out[2 * c + 1] = b ? b[c] : BF16(0.f);
+    }
+  }
+}
+
+// acc[0..8R) += the weights of `pairs` key pairs (ph: bfloat16, in pairs) times
+// their paired V rows (vp, pair_stride apart).
+template <int R>
+inline void accumulate_pairs_regs(float* acc, const BF16* ph, const BF16* vp, int64_t pairs,
+                                  int64_t pair_stride) {
+  __m256 a[R];
+  for (int i = 0; i < R; ++i) a[i] = _mm256_loadu_ps(acc + 8 * i);
+  for (int64_t kp = 0; kp < pairs; ++kp) {
+    int32_t two;
+    std::memcpy(&two, ph + 2 * kp, sizeof two);
+    const __m256bh pk = reinterpret_cast<__m256bh>(_mm256_set1_epi32(two));
+    const BF16* vk = vp + kp * pair_stride;
+    for (int i = 0; i < R; ++i) a[i] = _mm256_dpbf16_ps(a[i], pk, load_pairs(vk + 16 * i));
+  }
+  for (int i = 0; i < R; ++i) _mm256_storeu_ps(acc + 8 * i, a[i]);
+}
+
+// acc[0..n) += sum_t p[t] * v_t over `lim` keys, the weights rounded to bfloat16
+// (as torch's own bfloat16 attention rounds them before its product with V) and
+// V paired by pair_rows (pair_stride values between pairs); n a multiple of 8.
+inline void accumulate_pairs(float* acc, const float* p, int64_t lim, const BF16* vp,
+                             int64_t pair_stride, int64_t n, BF16* ph) {
+  int64_t t = 0;
+  for (; t + 8 <= lim; t += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(ph + t),
+                     reinterpret_cast<__m128i>(_mm256_cvtneps_pbh(_mm256_loadu_ps(p + t))));
+  }
+  for (; t < lim; ++t) ph[t] = BF16(p[t]);
+  if (lim % 2 != 0) ph[lim] = BF16(0.f);
+  const int64_t pairs = (lim + 1) / 2;
+  int64_t d = 0;
+  for (; d + 64 <= n; d += 64) {
+    accumulate_pairs_regs<8>(acc + d, ph, vp + 2 * d, pairs, pair_stride);
+  }
+  switch ((n - d) / 8) {
+    case 1: accumulate_pairs_regs<1>(acc + d, ph, vp + 2 * d, pairs, pair_stride); break;
+    case 2: accumulate_pairs_regs<2>(acc + d, ph, vp + 2 * d, pairs, pair_stride); break;
+    case 3: accumulate_pairs_regs<3>(acc + d, ph, vp + 2 * d, pairs, pair_stride); break;
+    case 4: accumulate_pairs_regs<4>(acc + d, ph, vp + 2 * d, pairs, pair_stride); break;
+    case 5: accumulate_pairs_regs<5>(acc + d, ph, vp + 2 * d, pairs, pair_stride); break;
+    case 6: accumulate_pairs_regs<6>(acc + d, ph, vp + 2 * d, pairs, pair_stride); break;
+    case 7: accumulate_pairs_regs<7>(acc + d, ph, vp + 2 * d, pairs, pair_stride); break;
+    default: break;
   }
 }
 
@@ -272,8 +351,28 @@ constexpr int64_t kChunkKeys = 1024;
 // KV heads in one unit.
 constexpr int64_t kWholeRowsMaxRows = 16;
 
+// Query rows per unit of a longer item (a prompt): with its query heads, the
+// vectors whose scores over a chunk of keys a unit holds.
+constexpr int64_t kTileRows = 32;
+
+// A unit's fixed cost, in (query vector x key) pairs of one KV head, when work is
+// shared out between threads.
+constexpr double kUnitCostPairs = 64;
+
+// dst[0..n) = src[0..n) as float32.
+template <typename T>
+inline void widen_row(const T* src, float* dst, int64_t n) {
+  int64_t d = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  for (; d + 8 <= n; d += 8) _mm256_storeu_ps(dst + d, load8(src + d));
+#endif
+  for (; d < n; ++d) dst[d] = widen(src[d]);
+}
+
 struct Scratch {
   std::vector<float> q, s, acc, mx, sum;
+  std::vector<float> v;  // a V block's rows widened to float32
+  std::vector<BF16> vp, ph;  // a V block's rows in pairs; one vector's weights
   std::vector<BF16> qh;  // bfloat16 queries unscaled, for the dot-pair scores
   std::vector<int64_t> seen;
 };
@@ -297,10 +396,12 @@ inline void for_each_block(const T* cache, const int32_t* table, int64_t h0, int
 // One unit: item `it`'s rows of the query heads of KV heads h0 .. h0 + nh, chunk by
 // chunk of keys: scores (each K block read once for all query vectors, from cache
 // after the first), exponentials against the running maximum, then the weighted
-// V rows. Vectors are ordered (KV head, row, query head of it).
+// V rows. Vectors are ordered (KV head, row, query head of it). `tile`: a tile of a
+// longer item's rows, whose bfloat16 V blocks are paired (or widened) once for all
+// its vectors.
 template <typename T>
-void attend_unit(const int64_t* it, int64_t h0, int64_t nh, const Shapes& sh, float scale,
-                 const T* q_base, T* o_base, const T* k_base, const T* v_base,
+void attend_unit(const int64_t* it, bool tile, int64_t h0, int64_t nh, const Shapes& sh,
+                 float scale, const T* q_base, T* o_base, const T* k_base, const T* v_base,
                  const int32_t* tables, Scratch& w) {
   const int64_t hd = sh.head_dim, group = sh.group, bs = sh.block_size;
   const int64_t row0 = it[0], rows = it[1], keys = it[2];
@@ -370,11 +471,43 @@ void attend_unit(const int64_t* it, int64_t h0, int64_t nh, const Shapes& sh, fl
       w.sum[r] += exp_shifted(sr, count, top);
     }
     for_each_block(v_base, table, h0, nh, c0, c1, sh, [&](const T* vb, int64_t t0) {
+      // A tile's bfloat16 V rows: paired once for dot-pair products where the CPU
+      // has them, else widened once into float32, rather than widened once per
+      // vector. (An item of a few rows has too few vectors for the copy to pay.)
+      const int64_t lim_all = std::min(bs, c1 - t0), cols = nh * hd;
+      const bool shared = !std::is_same_v<T, float> && tile;
+#if defined(__AVX512BF16__) && defined(__AVX512VL__)
+      if constexpr (pairs) {
+        if (shared && hd % 8 == 0) {
+          w.vp.resize((lim_all + 1) / 2 * 2 * cols);
+          w.ph.resize(bs + 1);
+          pair_rows(vb, sh.key_stride, lim_all, cols, w.vp.data());
+          for (int64_t r = 0; r < n; ++r) {
+            const int64_t lim = std::min(bs, w.seen[r] - t0);
+            if (lim <= 0) continue;
+            accumulate_pairs(w.acc.data() + r * hd, w.s.data() + r * width + (t0 - c0), lim,
+                             w.vp.data() + 2 * (r / per_head * hd), 2 * cols, hd, w.ph.data());
+          }
+          return;
+        }
+      }
+#endif
+      const float* vf = nullptr;
+      if (shared) {
+        w.v.resize(lim_all * cols);
+        for (int64_t t = 0; t < lim_all; ++t) {
+          widen_row(vb + t * sh.key_stride, w.v.data() + t * cols, cols);
+        }
+        vf = w.v.data();
+      }
       for (int64_t r = 0; r < n; ++r) {
         const int64_t lim = std::min(bs, w.seen[r] - t0);
-        if (lim > 0) {
-          accumulate(w.acc.data() + r * hd, w.s.data() + r * width + (t0 - c0),
-                     vb + r / per_head * hd, lim, sh.key_stride, hd);
+        if (lim <= 0) continue;
+        const float* p = w.s.data() + r * width + (t0 - c0);
+        if (vf != nullptr) {
+          accumulate(w.acc.data() + r * hd, p, vf + r / per_head * hd, lim, cols, hd);
+        } else {
+          accumulate(w.acc.data() + r * hd, p, vb + r / per_head * hd, lim, sh.key_stride, hd);
         }
       }
     });
@@ -454,33 +587,70 @@ void paged_attention_rows(
   // Units: an item of a few rows (decodes, verifications) takes all its KV heads
   // in one, reading its K/V rows whole, where the items give each thread one
   // (measured: faster than finer units balanced better), else it is split by KV
-  // heads; an item of more rows (a prompt), whose blocks are reused across its
-  // rows anyway, takes one KV head per unit, which keeps its scores small.
+  // heads; an item of more rows (a prompt) takes one KV head per unit, and tiles
+  // of kTileRows of its rows, each seeing the keys up to its last row: its K/V
+  // blocks are read once per tile, and its scores stay in cache.
   int64_t parts = 1;
   while (num_items * parts < at::get_num_threads() && parts < sh.kv_heads) {
     do ++parts; while (sh.kv_heads % parts != 0);
   }
   struct Unit {
-    int64_t item, h0, nh;
+    int64_t item[4];  // row, rows, keys, seq: the item's or one tile of its rows
+    bool tile;
+    int64_t h0, nh;
   };
   std::vector<Unit> units;
   for (int64_t i = 0; i < num_items; ++i) {
-    const int64_t nh = its[4 * i + 1] <= kWholeRowsMaxRows ? sh.kv_heads / parts : 1;
-    for (int64_t h0 = 0; h0 < sh.kv_heads; h0 += nh) units.push_back({i, h0, nh});
+    const int64_t* it = its + 4 * i;
+    if (it[1] <= kWholeRowsMaxRows) {
+      const int64_t nh = sh.kv_heads / parts;
+      for (int64_t h0 = 0; h0 < sh.kv_heads; h0 += nh) {
+        units.push_back({{it[0], it[1], it[2], it[3]}, false, h0, nh});
+      }
+      continue;
+    }
+    // Largest tiles first: the causal triangle makes the last rows the costliest.
+    for (int64_t a = (it[1] - 1) / kTileRows * kTileRows; a >= 0; a -= kTileRows) {
+      const int64_t b = std::min(it[1], a + kTileRows);
+      for (int64_t h0 = 0; h0 < sh.kv_heads; ++h0) {
+        units.push_back({{it[0] + a, b - a, it[2] - it[1] + b, it[3]}, true, h0, 1});
+      }
+    }
   }
   const int64_t num_units = static_cast<int64_t>(units.size());
+  // Each thread one run of consecutive units of about equal work (query rows x
+  // the keys each sees, plus a unit's fixed cost): a prompt's tiles differ in
+  // work by its length, and an even split by count left one thread the largest.
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), num_units));
+  std::vector<int64_t> bounds(threads + 1, num_units);
+  {
+    std::vector<double> work(num_units + 1, 0.0);
+    for (int64_t u = 0; u < num_units; ++u) {
+      const int64_t rows = units[u].item[1], keys = units[u].item[2];
+      const double seen = rows * (keys - (rows - 1) / 2.0);
+      work[u + 1] = work[u] + units[u].nh * (seen + kUnitCostPairs);
+    }
+    bounds[0] = 0;
+    for (int64_t t = 1, u = 0; t < threads; ++t) {  // the boundary nearest each share
+      const double target = work[num_units] * t / threads;
+      while (u < num_units && work[u] < target) ++u;
+      if (u > bounds[t - 1] && target - work[u - 1] < work[u] - target) --u;
+      bounds[t] = u;
+    }
+  }
   const auto run = [&](auto tag) {
     using T = decltype(tag);
     const T* q_base = static_cast<const T*>(query.data_ptr());
     T* o_base = static_cast<T*>(out.data_ptr());
     const T* k_base = static_cast<const T*>(key_cache.data_ptr());
     const T* v_base = static_cast<const T*>(value_cache.data_ptr());
-    at::parallel_for(0, num_units, 1, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, threads, 1, [&](int64_t first, int64_t last) {
       Scratch w;
+      const int64_t begin = bounds[first], end = bounds[last];
       for (int64_t u = begin; u < end; ++u) {
         if (u + 1 < end) {  // the next unit's K and V blocks, while this one runs
           const Unit& next = units[u + 1];
-          const int64_t* it = its + 4 * next.item;
+          const int64_t* it = next.item;
           const int32_t* row = tables + it[3] * sh.bt_stride;
           const int64_t used = std::min<int64_t>((it[2] + sh.block_size - 1) / sh.block_size,
                                                  kChunkKeys / sh.block_size);
@@ -491,8 +661,9 @@ void paged_attention_rows(
             prefetch_rows(v_base + off, rows, sh.key_stride, next.nh * sh.head_dim);
           }
         }
-        attend_unit(its + 4 * units[u].item, units[u].h0, units[u].nh, sh, sc, q_base, o_base,
-                    k_base, v_base, tables, w);
+        const Unit& un = units[u];
+        attend_unit(un.item, un.tile, un.h0, un.nh, sh, sc, q_base, o_base, k_base, v_base,
+                    tables, w);
       }
     });
   };

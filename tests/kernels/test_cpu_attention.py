@@ -141,11 +141,12 @@ def test_buffers_first_made_under_inference_mode_serve_calls_outside_it(torch_pa
 def test_every_short_query_of_a_step_is_one_kernel_call(monkeypatch, native):
     """Decodes, verifications (a token and its drafts after a context) and short
     prompts: one call of the C++ kernel, no fused attention call and no gathered
-    copy; a long prompt still goes to torch's fused attention."""
+    copy; a float32 prompt past the kernel's limit still goes to torch's fused
+    attention."""
     g = torch.Generator().manual_seed(11)
-    seq_lens = [300, 41, 517, 12, 64, 1100, 5, 33]
-    q_lens = [1, 4, 4, 12, 64, 1100, 5, 1]  # decode, verifications, prompts, one long
-    assert cpu_attention.NATIVE_PAIRS < 1100 * 1100
+    seq_lens = [300, 41, 517, 12, 64, 1500, 5, 33]
+    q_lens = [1, 4, 4, 12, 64, 1500, 5, 1]  # decode, verifications, prompts, one long
+    assert cpu_attention.NATIVE_PAIRS[torch.float32] < 1500 * 1500
     case = make_case(seq_lens, 2, 64, 16, torch.float32, g, unused="poison")
     query, starts, expected = prefill_inputs(case, q_lens, 8, g)
     args = (case.key_cache, case.value_cache, case.block_tables, starts, case.seq_lens, 0.125)
@@ -156,7 +157,7 @@ def test_every_short_query_of_a_step_is_one_kernel_call(monkeypatch, native):
     out = cpu_attention.paged_attention_prefill(query, *args)
     assert_close(out, expected, torch.float32)
     assert len(kernel_calls) == 1
-    assert kernel_calls[0][5][:, 1].tolist() == [q for q in q_lens if q < 1100]
+    assert kernel_calls[0][5][:, 1].tolist() == [q for q in q_lens if q < 1500]
     assert [c[0] for c in calls] == [1]  # the long prompt, alone
 
 
@@ -191,7 +192,7 @@ def test_the_kernel_over_contexts_of_several_chunks(monkeypatch, block_size, thr
     chunk or two (blocks of 5: chunks of 1,020 keys); units of both KV heads (one
     thread) and of one (eight threads)."""
     torch.set_num_threads(threads)
-    monkeypatch.setattr(cpu_attention, "NATIVE_PAIRS", 2**22)  # the prompt too
+    monkeypatch.setitem(cpu_attention.NATIVE_PAIRS, torch.float32, 2**22)  # the prompt too
     g = torch.Generator().manual_seed(block_size)
     seq_lens = [1030, 2050, 3000, 1500]
     q_lens = [1, 6, 1, 1500]
@@ -272,11 +273,12 @@ def test_the_engines_warm_up_loads_the_kernel_before_any_step(monkeypatch):
 
 def test_bfloat16_decodes_and_chunks_run_in_the_kernel_and_equal_the_answer(native, monkeypatch):
     """A bfloat16 cache and queries take the C++ kernel too (widened to float32 as it
-    reads them); its outputs are the float32 answer rounded once."""
+    reads them); for items of a few rows (decodes, verifications, short prompts and
+    chunks) its outputs are the float32 answer rounded once."""
     monkeypatch.setenv("TESTBED_CPU_KERNEL", "native")
     g = torch.Generator().manual_seed(11)
-    seq_lens = [700, 40, 33, 1, 300, 290, 18, 2, 129]
-    q_lens = [1, 40, 7, 1, 1, 1, 1, 2, 16]  # decodes, a short prompt, short chunks
+    seq_lens = [700, 16, 33, 1, 300, 290, 18, 2, 129]
+    q_lens = [1, 16, 7, 1, 1, 1, 1, 2, 16]  # decodes, a short prompt, short chunks
     case = make_case(seq_lens, 2, 64, 16, torch.bfloat16, g)
     query, starts, expected = prefill_inputs(case, q_lens, 4, g)
     args = (case.key_cache, case.value_cache, case.block_tables, starts, case.seq_lens, 0.125)
@@ -304,3 +306,38 @@ def test_the_cache_write_equals_the_references_and_skips_unslotted_tokens(kernel
     assert (caches[0].view(32, 3, 32)[[2, 3, 4]] == 7.0).all()  # slots nobody wrote
     with pytest.raises((RuntimeError, IndexError)):
         cpu_attention.reshape_and_cache(key, value, caches[0], caches[1], slots + 30)
+
+
+@pytest.mark.parametrize("block_size", [5, 16])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_bfloat16_prompts_run_in_the_kernel_in_row_tiles(native, monkeypatch, block_size, threads):
+    """bfloat16 prompts of any length take the kernel, their rows in tiles (tiles of
+    the causal triangle, a tile's last row past a chunk of keys, odd key counts in a
+    block, a chunk after a prefix); their weights are rounded to bfloat16 before the
+    product with V where the CPU has dot pairs, as torch's bfloat16 attention rounds
+    them: the error against the exact answer is about torch's own (its largest within
+    1.5x, its mean within 2x)."""
+    monkeypatch.setenv("TESTBED_CPU_KERNEL", "native")
+    torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(block_size * 10 + threads)
+    seq_lens = [1100, 33, 17, 700, 2]
+    q_lens = [1100, 33, 17, 301, 1]  # prompts, a chunk after a prefix, a decode
+    case = make_case(seq_lens, 2, 64, block_size, torch.bfloat16, g, unused="poison")
+    query, starts, expected = prefill_inputs(case, q_lens, 4, g)
+    args = (case.key_cache, case.value_cache, case.block_tables, starts, case.seq_lens, 0.125)
+    calls = _calls(monkeypatch)
+    out = cpu_attention.paged_attention_prefill(query, *args)
+    assert not calls  # every item through the kernel
+    assert_close(out, expected, torch.bfloat16)
+    ours = (out.double() - expected).abs()
+    theirs = torch.zeros_like(expected)  # torch's bfloat16 attention on each sequence
+    for i, (k, v) in enumerate(zip(case.keys, case.values)):
+        a, b = int(starts[i]), int(starts[i + 1])
+        mask = torch.ones(b - a, len(k), dtype=torch.bool).tril(len(k) - (b - a))
+        o = torch.nn.functional.scaled_dot_product_attention(
+            query[a:b].transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+            attn_mask=mask, scale=0.125, enable_gqa=True,
+        )  # fmt: skip
+        theirs[a:b] = (o.transpose(0, 1).double() - expected[a:b]).abs()
+    assert ours.max() <= 1.5 * theirs.max(), (ours.max(), theirs.max())
+    assert ours.mean() <= 2 * theirs.mean(), (ours.mean(), theirs.mean())
