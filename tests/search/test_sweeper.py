@@ -1,0 +1,82 @@
+"""The deployment search through Hydra (``run.py -m +experiment=deployment_search``,
+the basic launcher): its files, its page, and bad settings named."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = [
+    "model=llama3-8b", "trace=synthetic", "trace.num_requests=40",
+    "hydra.sweeper.budget=2", "hydra.sweeper.space.replicas=[1,2]",
+    "hydra.sweeper.space.tensor_parallel=[1]", "hydra.sweeper.space.pipeline_parallel=[1]",
+    "hydra.sweeper.space.split=[colocated]", "hydra.sweeper.space.max_num_seqs=[4,32]",
+    "hydra.sweeper.space.max_num_batched_tokens=[2048]",
+    "hydra.sweeper.space.chunked_prefill=[true]", "hydra.sweeper.space.policy=[fcfs]",
+    "hydra.sweeper.slos=[tight:0.15:0.012,prefill:0.1:0.02@p90]", "hydra.sweeper.rel_tol=0.2",
+]  # fmt: skip
+
+
+def search(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(ROOT / "run.py"), "-m", "+experiment=deployment_search",
+           *TINY, *extra, f"hydra.sweep.dir={tmp_path}"]  # fmt: skip
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
+
+
+@pytest.mark.slow
+def test_the_search_runs_through_hydra_and_writes_the_front_and_the_best(tmp_path):
+    res = search(tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "best configuration per SLO" in res.stdout
+    result = json.loads((tmp_path / "search.json").read_text())
+    runs = pd.read_csv(tmp_path / "search_runs.csv")
+    configs = pd.read_csv(tmp_path / "search_configs.csv")
+    assert result["counts"]["space"] == 4 and len(configs) == 4 * 2
+    assert result["counts"]["simulations"] == len(runs) > 0
+    # every simulation is a run folder of the sweep, whose metrics the verdicts read
+    for _, run in runs.iterrows():
+        metrics = json.loads((Path(run["run_dir"]) / "metrics.json").read_text())
+        assert metrics["trace"] == "synthetic" and metrics["num_gpus"] == run["gpus"]
+        assert metrics["ttft_s_p99"] == pytest.approx(run["ttft_s_p99"], rel=1e-6)
+        assert run["met_tight"] == (
+            metrics["num_finished"] == 40 and metrics["ttft_s_p99"] <= 0.15
+            and metrics["tpot_s_p99"] <= 0.012
+        )  # fmt: skip
+    # the best per SLO is the highest rate per GPU any run met it at
+    for best in result["best"]:
+        met = runs[runs[f"met_{best['slo']}"] == True]  # noqa: E712
+        assert best["rate_req_s_per_gpu"] == pytest.approx(met["rate_req_s_per_gpu"].max())
+    front = pd.read_csv(tmp_path / "search_front.csv")
+    assert set(front["slo"]) == {"tight", "prefill"}
+    assert set(front["latency"]) == {"ttft_s", "tpot_s"}
+    assert (tmp_path / "search_best.csv").exists()
+    page = (tmp_path / "search.html").read_text()
+    assert "Plotly.newPlot" in page and not re.search(r"<script[^>]+src=", page)
+    assert page.count('class="plotly-graph-div"') == 2  # a front figure per SLO
+    assert (tmp_path / "dashboard.html").exists()  # the sweep's own, beside it
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("hydra.sweeper.slos=[tight:0.5]", r"hydra.sweeper.slos\[0\]='tight:0.5': not an SLO"),
+        ("hydra.sweeper.space.gpus=[1]", r"hydra.sweeper.space.gpus"),
+        ("hydra.sweeper.space.split=[2-1]", r"hydra.sweeper.space.split: '2-1'"),
+        ("engine.max_num_seqs=8", r"the search sets engine.max_num_seqs"),
+        ("seed=0,1", r"seed=0,1: a sweep has no place"),
+    ],
+)
+def test_a_bad_setting_stops_the_search_before_any_run_naming_the_field(
+    tmp_path, override, message
+):
+    res = search(tmp_path, override)
+    assert res.returncode != 0
+    assert re.search(message, res.stdout + res.stderr), res.stderr[-2000:]
+    assert not list(tmp_path.glob("*/metrics.json"))
