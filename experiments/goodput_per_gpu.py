@@ -30,17 +30,12 @@ from testbed.capacity import find_capacity
 from testbed.config_schema import compose_config
 from testbed.errors import InputError
 from testbed.job import run_from_config
+from testbed.search.slo import SLO, parse_slo
 
 BISECTIONS = 7
 
 
-def meets(m: dict, ttft_s: float, tpot_s: float, pct: str) -> bool:
-    """Whether a run's TTFT and TPOT at the percentile meet the SLO, every request served."""
-    served = m["num_finished"] == m["num_requests"]
-    return served and m[f"ttft_s_{pct}"] <= ttft_s and m[f"tpot_s_{pct}"] <= tpot_s
-
-
-def slo_rate(common, capacity, ttft_s, tpot_s, pct, out: Path) -> tuple[float, dict | None]:
+def slo_rate(common, capacity, slo: SLO, out: Path) -> tuple[float, dict | None]:
     """The highest rate (req/s, within 1/2^BISECTIONS of the capacity) meeting the SLO,
     and that run's metrics (0 and None where even the lowest rate misses it)."""
     lo, hi, best = 0.0, capacity, None
@@ -48,7 +43,7 @@ def slo_rate(common, capacity, ttft_s, tpot_s, pct, out: Path) -> tuple[float, d
     for i in range(BISECTIONS):
         rate = (lo + hi) / 2
         m = run_from_config(compose_config([*common, f"trace.rate={rate}"]), out / f"bisect{i}")
-        if meets(m, ttft_s, tpot_s, pct):
+        if slo.met_by(m):
             lo, best = rate, m
         else:
             hi = rate
@@ -66,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--percentile", default="p90", choices=["p50", "p90", "p99"])
     ap.add_argument("--out", type=Path, default=Path("outputs/goodput_per_gpu"))
     a = ap.parse_args(argv)
-    slos = [(n, float(t), float(p)) for n, t, p in (s.split(":") for s in a.slo)]
+    slos = [parse_slo(f"{s}@{a.percentile}", "--slo") for s in a.slo]
     rows = []
     for dep in a.deployments:
         tp, replicas = (int(x) for x in dep.split("x"))
@@ -93,10 +88,9 @@ def main(argv: list[str] | None = None) -> int:
                              replicas=replicas, gpus=gpus, slo=None, note=str(e)))  # fmt: skip
             continue
         print(f"TP{tp} x {replicas}: capacity {capacity:.3f} req/s ({capacity / gpus:.3f} per GPU)")
-        for name, ttft_s, tpot_s in slos:
-            rate, m = slo_rate(
-                common, capacity, ttft_s, tpot_s, a.percentile, a.out / f"{dep}-{name}"
-            )
+        for slo in slos:
+            name, ttft_s, tpot_s = slo.name, slo.ttft_s, slo.tpot_s
+            rate, m = slo_rate(common, capacity, slo, a.out / f"{dep}-{name}")
             row = dict(
                 deployment=f"TP{tp} x {replicas}",
                 tensor_parallel_size=tp,
