@@ -6,6 +6,7 @@ results written to the sweep folder (also when interrupted)."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,6 +22,7 @@ from testbed.search.report import SearchRecord, write_results
 from testbed.search.search import Launch, Outcome, Search
 from testbed.search.slo import parse_slos
 from testbed.search.space import SET_BY_SEARCH, Space
+from testbed.signals import exit_status, interrupt_on_sigterm
 
 WHERE = "hydra.sweeper"
 
@@ -89,19 +91,19 @@ def job_outcome(ret) -> Outcome:
     from testbed.report.sweep_callback import job_error
 
     run_dir = None
-    if ret.hydra_cfg is not None:
-        run_dir = Path(str(ret.hydra_cfg.hydra.runtime.output_dir))
+    if getattr(ret, "hydra_cfg", None) is not None:
+        run_dir = str(ret.hydra_cfg.hydra.runtime.output_dir)
     if ret.status != JobStatus.COMPLETED:
-        return Outcome(None, job_error(ret._return_value), str(run_dir))
-    path = run_dir / "metrics.json" if run_dir is not None else None
+        return Outcome(None, job_error(ret._return_value), run_dir)
+    path = Path(run_dir) / "metrics.json" if run_dir is not None else None
     if path is None or not path.is_file():
         return Outcome(
             None,
             f"no metrics.json at {path}: with a launcher on other machines, hydra.sweep.dir "
             "must be on storage this machine shares with them",
-            str(run_dir),
+            run_dir,
         )
-    return Outcome(json.loads(path.read_text()), None, str(run_dir))
+    return Outcome(json.loads(path.read_text()), None, run_dir)
 
 
 def hydra_launch(launcher, common: list[str]) -> Launch:
@@ -198,15 +200,18 @@ def run_search(settings_in, cfg: DictConfig, launcher, hydra_context, arguments:
         f"{len(search.probes)} probe first",
         flush=True,
     )
-    interrupted = None
+    interrupt_on_sigterm()  # a search stopped by kill or a scheduler writes what it found
+    interrupted: BaseException | None = None
     try:
         search.run(logged(hydra_launch(launcher, common), search))
-    except KeyboardInterrupt as e:  # what finished is still written
+    except (KeyboardInterrupt, SystemExit) as e:  # SystemExit: a job's interrupt (run.py)
         interrupted = e
-    finally:
-        record.wall_s = time.perf_counter() - started
-        record.interrupted = interrupted is not None
-        results = write_results(sweep_dir, search, record)
+    record.wall_s = time.perf_counter() - started
+    record.interrupted = interrupted is not None
+    results = write_results(sweep_dir, search, record)
+    if isinstance(interrupted, KeyboardInterrupt):
+        print("interrupted", file=sys.stderr, flush=True)
+        raise SystemExit(exit_status(interrupted)) from None
     if interrupted is not None:
         raise interrupted
     return results

@@ -272,6 +272,8 @@ def summary_text(best: list[dict[str, Any]], n: dict[str, Any], cover: dict[str,
         f"{n['rounds']} rounds, {n['wall_s']:.1f} s",
     ]
     lines += [f"front under {slo}: {text}" for slo, text in cover.items()]
+    if n["interrupted"]:
+        lines.append("INTERRUPTED: the search stopped part-way; the above is what it had found")
     return "\n".join(lines)
 
 

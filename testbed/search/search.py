@@ -12,7 +12,9 @@ Hydra launcher, or anything that simulates a batch). The rules, in order:
 1. converged: ``hi <= lo x (1 + rel_tol)``;
 2. challenge (with bounds on): a configuration below the best rate per GPU
    proven so far for the SLO (``best``) is tried at that rate first: met, it
-   ties the best and climbs from there; missed, it is pruned;
+   ties the best and climbs from there; missed, it is pruned. A configuration's
+   challenges go lowest rate first, a round each: a miss at the lowest prunes
+   every SLO whose best is higher too;
 3. bracket: no ``hi`` yet, double ``lo`` (or start at the configuration's
    estimated capacity), jumping to the lowest ``hi`` of the configurations
    that hold the best where that is nearer; no ``lo`` yet, halve ``hi``;
@@ -218,8 +220,9 @@ class Search:
                         f"that {self.deps[holder].id} meets",
                     )
 
-    def next_rate(self, n: int, slo: str) -> float | None:
-        """The rate (req/s) the pair needs next, or None where it has stopped."""
+    def next_rate(self, n: int, slo: str) -> tuple[float, bool] | None:
+        """The rate (req/s) the pair needs next and whether it is a challenge (at the
+        best's rate), or None where it has stopped."""
         iv, g, start = self.intervals[(n, slo)], self.deps[n].gpus, self.start_pg[n]
         lo, hi = self.per_gpu(n, iv.lo), self.per_gpu(n, iv.hi)
         if lo is not None and hi is not None and hi <= lo * (1 + self.rel_tol):
@@ -227,10 +230,10 @@ class Search:
             return None
         best = self.best(slo) if self.bound else None
         if best is not None and (lo is None or lo < best[0] * (1 - EPS)):
-            return best[0] * g  # the challenge
+            return best[0] * g, True
         if hi is None:
             if lo is None:
-                return start * g
+                return start * g, False
             up = 2 * lo
             edge = self.frontier(slo, best[0]) if best is not None else None
             if edge is not None and lo * (1 + EPS) < edge < up:
@@ -238,13 +241,13 @@ class Search:
             if up > start * 2**self.max_steps:
                 self.stop((n, slo), UNBOUNDED, f"met at every rate tried, up to {lo:.4g} per GPU")
                 return None
-            return up * g
+            return up * g, False
         if lo is None:
             if hi / 2 < start / 2**self.max_steps:
                 self.stop((n, slo), UNMET, f"missed at every rate tried, down to {hi:.4g} per GPU")
                 return None
-            return hi / 2 * g
-        return (lo + hi) / 2 * g
+            return hi / 2 * g, False
+        return (lo + hi) / 2 * g, False
 
     def plan(self) -> list[tuple[Deployment, float]]:
         """The next round: each live deployment at the distinct rates its pairs need
@@ -266,19 +269,27 @@ class Search:
         return [(self.deps[n], rate) for n, rate in sorted(wanted)]
 
     def wanted(self) -> dict[tuple[int, float], list[str]]:
-        """(deployment, rate) -> the SLOs that need it next."""
-        wanted: dict[tuple[int, float], list[str]] = {}
+        """(deployment, rate) -> the SLOs that need it next. A deployment's
+        challenges wait for its lowest rate wanted: a miss there prunes every SLO
+        whose best is at or above it, so one run may settle them all."""
+        asked: dict[int, list[tuple[float, str, bool]]] = {}
         for (n, slo), iv in self.intervals.items():
             if iv.status != LIVE:
                 continue
-            rate = self.next_rate(n, slo)
-            if rate is None:
+            found = self.next_rate(n, slo)
+            if found is None:
                 continue
-            rate = canonical(rate)
+            rate = canonical(found[0])
             if (n, rate) in self.simulated:  # the rules never ask twice; a guard
                 self.stop((n, slo), STOPPED, f"asked again for {rate:g} req/s")
                 continue
-            wanted.setdefault((n, rate), []).append(slo)
+            asked.setdefault(n, []).append((rate, slo, found[1]))
+        wanted: dict[tuple[int, float], list[str]] = {}
+        for n, requests in asked.items():
+            lowest = min(rate for rate, _, _ in requests)
+            for rate, slo, challenge in requests:
+                if not challenge or rate <= lowest:
+                    wanted.setdefault((n, rate), []).append(slo)
         return wanted
 
     def record(self, dep: Deployment, rate: float, outcome: Outcome) -> Run:

@@ -91,12 +91,14 @@ def test_a_bad_slo_is_named_with_its_place_in_the_list(specs, message):
         parse_slos(specs, "slos")
 
 
-def test_an_slo_is_met_only_with_every_request_served_and_both_targets_within():
+def test_an_slo_is_met_only_served_in_full_kept_up_with_and_within_both_targets():
     slo = SLO("s", 1.0, 0.05)
     ok = {"num_requests": 5, "num_finished": 5, "num_rejected": 0,
           "ttft_s_p99": 1.0, "tpot_s_p99": 0.05}  # fmt: skip
     assert slo.met_by(ok)
     assert not slo.met_by(ok | {"num_finished": 4})
     assert not slo.met_by(ok | {"num_rejected": 1})
+    assert not slo.met_by(ok | {"overloaded": True})  # the trace's end let it through
+    assert slo.met_by(ok | {"overloaded": None})  # too short a trace for a verdict
     assert not slo.met_by(ok | {"ttft_s_p99": 1.01})
     assert not slo.met_by(ok | {"tpot_s_p99": float("nan")})

@@ -4,9 +4,12 @@ the basic launcher): its files, its page, and bad settings named."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -80,3 +83,22 @@ def test_a_bad_setting_stops_the_search_before_any_run_naming_the_field(
     assert res.returncode != 0
     assert re.search(message, res.stdout + res.stderr), res.stderr[-2000:]
     assert not list(tmp_path.glob("*/metrics.json"))
+
+
+@pytest.mark.slow
+def test_a_search_stopped_by_sigterm_writes_what_it_found_and_exits_143(tmp_path):
+    cmd = [sys.executable, str(ROOT / "run.py"), "-m", "+experiment=deployment_search",
+           *TINY, "hydra.sweeper.rel_tol=0.01", f"hydra.sweep.dir={tmp_path}"]  # fmt: skip
+    env = {**os.environ, "TESTBED_NO_BOOTSTRAP": "1"}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    deadline = time.monotonic() + 300
+    while len(list(tmp_path.glob("*/metrics.json"))) < 6 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 143, out[-3000:]
+    result = json.loads((tmp_path / "search.json").read_text())
+    assert result["counts"]["interrupted"] is True
+    assert result["counts"]["simulations"] >= 5
+    assert "INTERRUPTED" in out and (tmp_path / "search_runs.csv").exists()
