@@ -3,8 +3,8 @@
 ``python run.py ...`` and ``python -m tests`` call :func:`ensure` first. When the
 interpreter already has every dependency it returns at once (a user's own
 environment). Otherwise it creates ``.venv`` beside the project, installs the
-dependencies declared in ``pyproject.toml`` and re-executes the command inside
-that environment. torch is installed first and on purpose:
+dependencies declared in ``pyproject.toml`` (with its ``dev`` and ``ray`` extras)
+and re-executes the command inside that environment. torch is installed first and on purpose:
 
 * on a machine without an NVIDIA GPU, the pinned CPU build (``torch==2.13.0``),
   which these machines hold on local disk, so set-up takes seconds;
@@ -71,7 +71,9 @@ def _venv_python() -> Path:
 def _requirements() -> list[str]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     reqs = [r for r in project["dependencies"] if not r.startswith("torch")]
-    return reqs + project["optional-dependencies"]["dev"]
+    extras = project["optional-dependencies"]
+    # the tests' tools, and Ray: its launcher's tests run sweeps on a cluster of this machine
+    return reqs + extras["dev"] + extras["ray"]
 
 
 def _project_installed() -> bool:
