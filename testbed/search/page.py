@@ -115,6 +115,11 @@ def write_page(
         "<a href='dashboard.html'>dashboard.html</a>.</p>",
         "<h2>Best configuration per SLO</h2>",
         table(result["best"]),
+        "<h2>Which knobs mattered</h2><p>Per SLO, each knob of the best configuration "
+        "changed alone: the most the other values could reach, as a fraction of the best's "
+        "rate per GPU (an upper bound where the search pruned them; 0 where their latency "
+        "floor misses the SLO).</p>",
+        table(result["knob_effects"]),
     ]
     for slo in search.slos:
         fig = front_figure(search, slo.name, result["front"])

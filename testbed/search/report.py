@@ -25,6 +25,7 @@ from testbed.search.space import KNOBS, Deployment
 
 RESULTS = {
     "configs": "search_configs.csv",
+    "knobs": "search_knobs.csv",
     "runs": "search_runs.csv",
     "front": "search_front.csv",
     "best": "search_best.csv",
@@ -196,6 +197,47 @@ def best_rows(search: Search, record: SearchRecord) -> list[dict[str, Any]]:
     return rows
 
 
+def knob_effects(search: Search, record: SearchRecord) -> list[dict[str, Any]]:
+    """Per SLO and knob, what changing only that knob of the best configuration
+    can reach: the highest rate per GPU any such configuration could have (its
+    proven rate where it converged, its miss where it was pruned: an upper bound;
+    none where its floor misses) as a fraction of the best's. 1.0 or near: the
+    knob did not matter; "-": no other value of it passes the checks."""
+    by_knobs = {tuple(d.knobs().items()): d.num for d in record.deployments}
+    rows = []
+    for slo in search.slos:
+        best = search.best(slo.name)
+        if best is None:
+            continue
+        rate, holder = best
+        winner = search.deps[holder].knobs()
+        for knob, values in ((k, getattr(record.settings["space"], k)) for k in KNOBS):
+            reach, alternatives = [], []
+            for v in values:
+                n = by_knobs.get(tuple((winner | {knob: v}).items()))
+                if v == winner[knob] or n is None or n not in search.deps:
+                    continue
+                iv = search.intervals[(n, slo.name)]
+                if iv.status == FLOOR:
+                    upper = 0.0
+                elif iv.hi is not None:
+                    upper = iv.hi / search.deps[n].gpus
+                else:
+                    upper = math.inf
+                reach.append(upper)
+                alternatives.append(f"{v}: {search.deps[n].id} {iv.status}")
+            rows.append(
+                {
+                    "slo": slo.name,
+                    "knob": knob,
+                    "best_value": winner[knob],
+                    "others_reach_at_most": _r(max(reach) / rate) if reach else None,
+                    "others": "; ".join(alternatives) or "no other value passes the checks",
+                }
+            )
+    return rows
+
+
 def coverage(search: Search) -> dict[str, str]:
     """Per SLO, what the drawn front covers: configurations with a point, and those
     pruned (or stopped) before any rate met the SLO, with the rate they are below."""
@@ -285,8 +327,9 @@ def write_results(out: Path, search: Search, record: SearchRecord) -> dict[str, 
     out.mkdir(parents=True, exist_ok=True)
     configs, runs = config_rows(search, record), run_rows(search)
     front, best = front_rows(search), best_rows(search, record)
-    cover, n = coverage(search), counts(search, record)
-    for key, rows in (("configs", configs), ("runs", runs), ("front", front), ("best", best)):
+    cover, n, knobs = coverage(search), counts(search, record), knob_effects(search, record)
+    tables = {"configs": configs, "runs": runs, "front": front, "best": best, "knobs": knobs}
+    for key, rows in tables.items():
         pd.DataFrame(rows).to_csv(out / RESULTS[key], index=False)
     settings = record.settings
     result = {
@@ -302,6 +345,7 @@ def write_results(out: Path, search: Search, record: SearchRecord) -> dict[str, 
         "latency_floors": record.floors,
         "counts": n,
         "best": best,
+        "knob_effects": knobs,
         "front_covers": cover,
         "front": front,
         **record.extra,
