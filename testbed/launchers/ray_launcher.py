@@ -36,12 +36,17 @@ from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrid
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from testbed.launchers.ray_task import job_dir, job_env, run_job_on_worker
-from testbed.signals import exit_status, interrupt_on_sigterm
+from testbed.signals import Terminated, exit_status
 
+# Every job's lines shown, as in a local sweep: Ray's driver would fold the lines of
+# different jobs that differ only in their numbers (it reads this when imported).
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 try:
     import ray
-    from hydra_plugins.hydra_ray_launcher.ray_launcher import RayLauncher as PluginRayLauncher
-except ImportError as e:  # Hydra shows this message where it cannot make the launcher
+    from hydra_plugins.hydra_ray_launcher.ray_launcher import (
+        RayLauncher as PluginRayLauncher,
+    )
+except ImportError as e:  # the shim (hydra_plugins/testbed_launchers) shows it in one line
     raise ImportError(
         f"hydra/launcher=ray needs Ray and its Hydra plugin ({e}): pip install -e '.[ray]'"
     ) from e
@@ -107,11 +112,12 @@ class RayLauncher(PluginRayLauncher):
                 context, config, task, state, env, cwd
             )
             jobs.append(Job(num, list(overrides), config, ref))
-        with sigterm_as_interrupt():
-            return self.wait(jobs, options["max_retries"])
+        with sigterm_as_interrupt() as sigterms:
+            return self.wait(jobs, options["max_retries"], sigterms)
 
-    def wait(self, jobs: list[Job], retries: int) -> list[JobReturn]:
-        """Each job's return as it ends; on an interrupt, cancel the rest and exit."""
+    def wait(self, jobs: list[Job], retries: int, sigterms: list[int]) -> list[JobReturn]:
+        """Each job's return as it ends; on an interrupt (Ctrl-C, or one of
+        ``sigterms``), cancel the rest and exit with the signal's status."""
         returns: dict[int, JobReturn] = {}
         pending = {job.ref: job for job in jobs}
         try:
@@ -123,7 +129,7 @@ class RayLauncher(PluginRayLauncher):
         except KeyboardInterrupt as e:
             cancel(list(pending))
             print("interrupted", file=sys.stderr, flush=True)
-            raise SystemExit(exit_status(e)) from None
+            raise SystemExit(exit_status(Terminated() if sigterms else e)) from None
         return [returns[job.num] for job in jobs]
 
     def job_return(self, job: Job, retries: int) -> JobReturn:
@@ -215,12 +221,20 @@ def cancel(refs: list[Any]) -> None:
 
 
 @contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
+def sigterm_as_interrupt() -> Iterator[list[int]]:
     """Within it SIGTERM interrupts the driver as Ctrl-C does (Ray's own handler
-    would end it without cancelling its tasks); the previous handler after."""
-    previous = signal.getsignal(signal.SIGTERM)
-    interrupt_on_sigterm()
+    would end it without cancelling its tasks), a second one kills it at once;
+    the previous handler after. Yields the SIGTERMs received: Ray's blocking calls
+    turn what a handler raises into a plain KeyboardInterrupt."""
+    received: list[int] = []
+
+    def handler(signum, frame):
+        received.append(signum)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        raise Terminated(f"signal {signal.Signals(signum).name}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
     try:
-        yield
+        yield received
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -87,6 +87,19 @@ def ray_head(tmp_path_factory) -> Iterator[str]:
             head.wait()
 
 
+def group_gone(pgid: int, wait_s: float = 60.0) -> bool:
+    """Whether the process group ``pgid`` (a sweep and the Ray processes it started)
+    has no process left, waiting up to ``wait_s`` for them to end."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
 def sweep(out: Path, *overrides: str, launcher: str = "basic") -> subprocess.CompletedProcess:
     """``python run.py -m`` with ``overrides`` into ``out``."""
     cmd = [sys.executable, str(ROOT / "run.py"), "-m", f"hydra/launcher={launcher}"]
@@ -160,11 +173,17 @@ def test_a_job_whose_worker_dies_is_retried_once_then_failed(tmp_path, ray_head)
     assert dead["policy.deaths"] == 2  # the failed row names its settings
 
 
-def test_ctrl_c_cancels_the_sweep_and_summarizes_what_finished(tmp_path):
+@pytest.mark.parametrize(
+    "sig, group, status",
+    [(signal.SIGINT, True, 130), (signal.SIGTERM, False, 143)],
+    ids=["ctrl-c", "sigterm"],
+)
+def test_an_interrupt_cancels_the_sweep_and_summarizes_what_finished(tmp_path, sig, group, status):
     """Ctrl-C (SIGINT to the sweep's process group, its own Ray instance's processes
-    included) once job 0 has finished and job 1's progress bar shows it simulating:
-    job 1 is cancelled and writes what it measured (partial), the summary is
-    written, and the sweep exits with status 130."""
+    included) or SIGTERM to the sweep process (a batch scheduler's stop), once job 0
+    has finished and job 1's progress bar shows it simulating: job 1 is cancelled
+    and writes what it measured (partial), the summary is written, and the sweep
+    exits with the signal's status."""
     out = tmp_path / "ray"
     cmd = [sys.executable, str(ROOT / "run.py"), "-m", "hydra/launcher=ray", *QUIET]
     cmd += ["progress=true", "trace.num_requests=40,400000", f"hydra.sweep.dir={out}"]
@@ -182,12 +201,16 @@ def test_ctrl_c_cancels_the_sweep_and_summarizes_what_finished(tmp_path):
         while not ((out / "j0" / "metrics.json").exists() and bar.search(log.read_text())):
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.2)
-        os.killpg(proc.pid, signal.SIGINT)
-        assert proc.wait(timeout=300) == 130, log.read_text()[-3000:]
+        if group:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+        assert proc.wait(timeout=300) == status, log.read_text()[-3000:]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+    assert group_gone(proc.pid), "the sweep's own Ray instance outlived it"
     text = log.read_text()
     assert "cancelling 1 job(s)" in text and "interrupted" in text
     table = summary(out).set_index("run")
