@@ -3,8 +3,9 @@ simulated: floors under its TTFT and TPOT (an SLO below them cannot be met at
 any rate) and a rough estimate of its capacity (where the search starts).
 
 The floors price each request alone on an idle instance: its TTFT is at least
-the steps that compute its prompt (only its last token where the trace shares
-prefixes, since a cached prefix is not computed again), and its TPOT at least
+the steps that compute its prompt, less the longest prefix another request of
+the trace shares with it (which a prefix cache may hold, whatever the order and
+routing; its last token is always computed), and its TPOT at least
 one decode step of it alone at its prompt's length, since every output token
 after the first takes a step of its own. A run's percentile of either is then
 at least the same percentile of the floors (a percentile is monotone in every
@@ -82,9 +83,10 @@ class Bounds:
     def source(self, dep: Deployment) -> str:
         return self.model(dep).source
 
-    def prefill_s(self, dep: Deployment, prompt: int, chunk: int) -> float:
-        """Seconds to compute ``prompt`` tokens alone, ``chunk`` tokens a step."""
-        lm, total, ctx = self.model(dep), 0.0, 0
+    def prefill_s(self, dep: Deployment, prompt: int, chunk: int, cached: int = 0) -> float:
+        """Seconds to compute ``prompt`` tokens alone, ``chunk`` tokens a step, the
+        first ``cached`` of them found in the prefix cache."""
+        lm, total, ctx = self.model(dep), 0.0, cached
         while ctx < prompt:
             n = min(chunk, prompt - ctx)
             total += lm.predict(1, n, n * (ctx + (n + 1) / 2), ctx + n, ctx + n)
@@ -109,15 +111,12 @@ class Bounds:
         key = (dep.tensor_parallel, dep.pipeline_parallel, self._chunk(dep, fit))
         if key not in self._floors:
             chunk, s = key[2], self.stats
-            prefill: dict[tuple[int, bool], float] = {}
+            prefill: dict[tuple[int, int], float] = {}
             ttft = np.empty(len(s.prompt))
-            for i, (p, shared) in enumerate(zip(s.prompt.tolist(), s.shares_prefixes.tolist())):
-                if (p, shared) not in prefill:
-                    # a cached prefix is skipped, but its last token is always computed
-                    prefill[(p, shared)] = (
-                        self.decode_s(dep, 1, p - 1) if shared else self.prefill_s(dep, p, chunk)
-                    )
-                ttft[i] = prefill[(p, shared)]
+            for i, (p, c) in enumerate(zip(s.prompt.tolist(), s.cacheable.tolist())):
+                if (p, c) not in prefill:
+                    prefill[(p, c)] = self.prefill_s(dep, p, chunk, cached=c)
+                ttft[i] = prefill[(p, c)]
             decode = {p: self.decode_s(dep, 1, p) for p in np.unique(s.prompt).tolist()}
             tpot = np.array([decode[p] for p in s.prompt.tolist()])
             tpot[s.output < 2] = math.nan

@@ -9,6 +9,7 @@ not serve every request.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,30 +28,44 @@ BUDGET, INVALID, MEMORY = "budget", "invalid", "memory"  # the rules, as results
 @dataclass(frozen=True)
 class TraceStats:
     """What the checks and bounds read of the trace: each request's prompt and
-    output tokens and whether it shares prefixes (prefix-block hashes)."""
+    output tokens, and the most of its prompt a prefix cache could hold for it."""
 
     prompt: np.ndarray
     output: np.ndarray
-    shares_prefixes: np.ndarray  # bool per request
+    # Tokens of each prompt some other request's prompt shares as a prefix (by the
+    # trace's prefix-block hashes), the last token never: an upper bound on its
+    # prefix-cache hits whatever the cache, the routing and the order.
+    cacheable: np.ndarray
 
     @classmethod
     def of(cls, trace: pd.DataFrame) -> TraceStats:
-        hashes = trace.get("prefix_hash_ids")
-        shares = (
-            np.zeros(len(trace), bool)
-            if hashes is None
-            else np.array([h is not None and len(h) > 0 for h in hashes], bool)
-        )
-        return cls(
-            trace["prompt_tokens"].to_numpy(np.int64),
-            trace["output_tokens"].to_numpy(np.int64),
-            shares,
-        )
+        prompt = trace["prompt_tokens"].to_numpy(np.int64)
+        hashes = trace["prefix_hash_ids"] if "prefix_hash_ids" in trace else [None] * len(trace)
+        block = int(trace.attrs.get("hash_block_tokens", 512))
+        chains = [tuple(h) if isinstance(h, tuple | list | np.ndarray) else () for h in hashes]
+        shared = shared_prefix_blocks(chains)
+        cacheable = np.minimum(np.array(shared, np.int64) * block, prompt - 1).clip(0)
+        return cls(prompt, trace["output_tokens"].to_numpy(np.int64), cacheable)
 
     @property
     def longest(self) -> int:
         """The most tokens one request holds in the KV cache (prompt and output)."""
         return int((self.prompt + self.output).max())
+
+
+def shared_prefix_blocks(chains: list[tuple]) -> list[int]:
+    """For each hash chain, the length of its longest prefix that another chain
+    also starts with."""
+    counts: Counter[tuple] = Counter()
+    for chain in chains:
+        counts.update(chain[:k] for k in range(1, len(chain) + 1))
+    out = []
+    for chain in chains:
+        k = len(chain)
+        while k and counts[chain[:k]] < 2:  # itself, and another
+            k -= 1
+        out.append(k)
+    return out
 
 
 @dataclass(frozen=True)

@@ -17,20 +17,25 @@ Hydra launcher, or anything that simulates a batch). The rules, in order:
    every SLO whose best is higher too;
 3. bracket: no ``hi`` yet, double ``lo`` (or start at the configuration's
    estimated capacity), jumping to the lowest ``hi`` of the configurations
-   that hold the best where that is nearer; no ``lo`` yet, halve ``hi``;
-4. bisect: ``(lo + hi) / 2``.
+   that hold the best where that is nearer; no ``lo`` yet, halve ``hi`` twice,
+   then try the ladder's foot (``max_steps`` halvings below the start) at once;
+4. bisect: ``sqrt(lo x hi)`` while the bracket spans more than a factor 4,
+   then ``(lo + hi) / 2``.
 
 Pruning (with bounds on), all sound where meeting an SLO is monotone in the
 rate (more load never lowers a percentile of TTFT or TPOT): a pair whose
 ``hi`` per GPU is at or below ``best`` cannot beat it (branch and bound); a
 pair whose latency floor misses the SLO (``bounds.py``) is never simulated.
 At first only ``probes`` configurations (the highest estimated capacity per
-GPU) search an SLO; the rest wait until one of them has proven a rate and are
-then challenged at it, so that most of the space costs one simulation each.
+GPU) search an SLO; the rest wait until the probes have converged and are then
+challenged at the best they found, so that most of the space costs one
+simulation each. Where no probe met an SLO at any rate, the rest try the
+ladder's foot first.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -188,12 +193,14 @@ class Search:
         if iv.status not in FINAL:
             iv.status, iv.reason = status, reason
 
+    def probes_done(self, slo: str) -> bool:
+        return all(self.intervals[(n, slo)].status in FINAL for n in self.probes)
+
     def activate(self) -> None:
-        """Start the waiting pairs of each SLO that has a proven best, or whose
-        probes have all stopped."""
+        """Start the waiting pairs of each SLO whose probes have all stopped: they are
+        then challenged at the best the probes converged on."""
         for s in self.slos:
-            probes_done = all(self.intervals[(n, s.name)].status in FINAL for n in self.probes)
-            if self.best(s.name) is None and not probes_done:
+            if not self.probes_done(s.name):
                 continue
             for n in self.deps:
                 iv = self.intervals[(n, s.name)]
@@ -231,9 +238,13 @@ class Search:
         best = self.best(slo) if self.bound else None
         if best is not None and (lo is None or lo < best[0] * (1 - EPS)):
             return best[0] * g, True
+        bottom = start / 2**self.max_steps  # the ladder's foot
         if hi is None:
             if lo is None:
-                return start * g, False
+                # where no probe met the SLO at any rate, try the foot first: one run
+                # settles a configuration that cannot meet it either
+                nobody = self.bound and best is None and n not in self.probes
+                return (bottom if nobody else start) * g, False
             up = 2 * lo
             edge = self.frontier(slo, best[0]) if best is not None else None
             if edge is not None and lo * (1 + EPS) < edge < up:
@@ -243,11 +254,14 @@ class Search:
                 return None
             return up * g, False
         if lo is None:
-            if hi / 2 < start / 2**self.max_steps:
+            if hi <= bottom * (1 + EPS):
                 self.stop((n, slo), UNMET, f"missed at every rate tried, down to {hi:.4g} per GPU")
                 return None
-            return hi / 2 * g, False
-        return (lo + hi) / 2 * g, False
+            # halve near the start; far below it, the foot at once (then bisect up)
+            return (hi / 2 if hi > start / 4 else bottom) * g, False
+        # geometric while the bracket is wide (after a jump to the foot), then halves
+        mid = math.sqrt(lo * hi) if hi > 4 * lo else (lo + hi) / 2
+        return mid * g, False
 
     def plan(self) -> list[tuple[Deployment, float]]:
         """The next round: each live deployment at the distinct rates its pairs need

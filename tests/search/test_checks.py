@@ -4,6 +4,7 @@ the latency floors it prunes with, against the simulator itself."""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from testbed.build import run_trace
@@ -11,7 +12,16 @@ from testbed.config_schema import compose_config
 from testbed.errors import InputError
 from testbed.job import run_from_config
 from testbed.search.bounds import Bounds, statistic
-from testbed.search.checks import BUDGET, INVALID, MEMORY, Checker, Fit, check_all
+from testbed.search.checks import (
+    BUDGET,
+    INVALID,
+    MEMORY,
+    Checker,
+    Fit,
+    TraceStats,
+    check_all,
+    shared_prefix_blocks,
+)
 from testbed.search.slo import SLO
 from testbed.search.space import Space
 
@@ -77,8 +87,24 @@ def test_a_trace_longer_than_the_model_takes_is_refused_with_the_fix():
         Checker(cfg, run_trace(cfg), budget=8)
 
 
-def test_the_latency_floors_are_under_what_a_light_run_measures(tmp_path):
+def test_a_prompt_may_be_cached_only_as_far_as_another_prompt_shares_its_prefix():
+    assert shared_prefix_blocks([(1, 2, 3), (1, 2, 4), (5,), (), (1, 2, 3)]) == [3, 2, 0, 0, 3]
+    trace = pd.DataFrame(
+        {"prompt_tokens": [1000, 300, 100], "output_tokens": [5, 5, 5],
+         "prefix_hash_ids": [(7, 8), (7, 9), None]}
+    )  # fmt: skip
+    trace.attrs["hash_block_tokens"] = 512
+    stats = TraceStats.of(trace)
+    # 512 of the first (one block shared); the second is shorter than the block: all
+    # but its last token; the third shares nothing
+    assert stats.cacheable.tolist() == [512, 299, 0]
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_the_latency_floors_are_under_what_a_light_run_measures(tmp_path, shared):
     overrides = [*BASE, "model=llama3-8b", "trace.rate=0.5", "trace.num_requests=30"]
+    if shared:
+        overrides.append("trace.shared_prefix={num_prefixes: 2, tokens: 512, fraction: 0.8}")
     cfg = compose_config(overrides)
     checker = Checker(cfg, run_trace(cfg), budget=8)
     d = dep()
@@ -92,6 +118,8 @@ def test_the_latency_floors_are_under_what_a_light_run_measures(tmp_path):
         assert statistic(tpot, p) <= metrics[f"tpot_s_{p}"] * (1 + 1e-9)
     # nearly idle, the floors are close to what it measures
     assert statistic(tpot, "p50") > 0.8 * metrics["tpot_s_p50"]
+    if shared:  # the run found shared prefixes; the floors allowed for every one
+        assert metrics["prefix_cache_hit_rate"] > 0 and checker.stats.cacheable.max() > 0
     tight = SLO("tight", 1.0, 0.5 * statistic(tpot, "p99"))
     assert "TPOT at p99 is at least" in bounds.floor_miss(d, fit, tight)
     assert bounds.floor_miss(d, fit, SLO("loose", 10.0, 1.0)) is None
