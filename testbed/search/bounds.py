@@ -123,12 +123,14 @@ class Bounds:
             self._floors[key] = ttft, tpot
         return self._floors[key]
 
-    def floor_miss(self, dep: Deployment, fit: Fit, slo: SLO) -> str | None:
+    def floor_miss(
+        self, dep: Deployment, fit: Fit, slo: SLO, requests: int | None = None
+    ) -> str | None:
         """Why ``dep`` cannot meet ``slo`` at any rate (its floors above the
-        targets), or None."""
+        targets) on the trace's first ``requests`` (None: all), or None."""
         if self.floors_off is not None:
             return None
-        ttft, tpot = self.floors(dep, fit)
+        ttft, tpot = (f[:requests] for f in self.floors(dep, fit))
         for name, floor, target in (
             ("TTFT", statistic(ttft, slo.percentile), slo.ttft_s),
             ("TPOT", statistic(tpot, slo.percentile), slo.tpot_s),

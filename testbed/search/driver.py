@@ -21,7 +21,7 @@ from testbed.search.checks import Checker, check_all
 from testbed.search.report import SearchRecord, write_results
 from testbed.search.search import Launch, Outcome, Search
 from testbed.search.slo import parse_slos
-from testbed.search.space import SET_BY_SEARCH, Space
+from testbed.search.space import SET_BY_SEARCH, Deployment, Space
 from testbed.signals import exit_status, interrupt_on_sigterm
 
 WHERE = "hydra.sweeper"
@@ -37,14 +37,17 @@ def settings_of(settings: Mapping[str, Any]) -> dict[str, Any]:
         "budget": plain.get("budget", 8),
         "slos": parse_slos(plain.get("slos") or [], f"{WHERE}.slos"),
         "space": Space.of(plain.get("space") or {}, f"{WHERE}.space"),
+        "requests_per_instance": plain.get("requests_per_instance"),
         "rel_tol": float(plain.get("rel_tol", 0.05)),
         "probes": plain.get("probes", 4),
         "bound": bool(plain.get("bound", True)),
         "max_rounds": plain.get("max_rounds", 60),
         "start_rate_per_gpu": plain.get("start_rate_per_gpu"),
     }
-    for key in ("budget", "probes", "max_rounds"):
-        if not (isinstance(out[key], int) and out[key] >= 1):
+    for key in ("budget", "probes", "max_rounds", "requests_per_instance"):
+        if key == "requests_per_instance" and out[key] is None:
+            continue
+        if not (isinstance(out[key], int) and not isinstance(out[key], bool) and out[key] >= 1):
             raise InputError(f"{WHERE}.{key}={out[key]!r}: must be an integer >= 1")
     if not 0 < out["rel_tol"] < 1:
         raise InputError(f"{WHERE}.rel_tol={out['rel_tol']}: must be in (0, 1)")
@@ -54,13 +57,20 @@ def settings_of(settings: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def common_overrides(arguments: list[str], hydra_context) -> list[str]:
+def common_overrides(arguments: list[str], hydra_context, per_instance: bool) -> list[str]:
     """The command line's overrides, given to every run: none may be a sweep (the
-    search picks the runs) or set what the search sets."""
+    search picks the runs) or set what the search sets (``trace.num_requests`` too,
+    with ``requests_per_instance``)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser = OverridesParser.create(config_loader=hydra_context.config_loader)
     for override in parser.parse_overrides(arguments):
+        if per_instance and override.get_key_element().lstrip("+~") == "trace.num_requests":
+            raise InputError(
+                f"{override.input_line}: the search sets each run's trace.num_requests "
+                f"({WHERE}.requests_per_instance x its instances); set that, or null it "
+                "to give every run the trace's own"
+            )
         key = override.get_key_element().lstrip("+~")
         if override.is_sweep_override():
             raise InputError(
@@ -106,7 +116,15 @@ def job_outcome(ret) -> Outcome:
     return Outcome(json.loads(path.read_text()), None, run_dir)
 
 
-def hydra_launch(launcher, common: list[str]) -> Launch:
+def run_overrides(dep: Deployment, rate: float, per_instance: int | None) -> list[str]:
+    """A run's overrides: its deployment's, its rate and its number of requests."""
+    out = [*dep.overrides(), f"trace.rate={rate:.9g}"]
+    if per_instance is not None:
+        out.append(f"trace.num_requests={per_instance * dep.replicas}")
+    return out
+
+
+def hydra_launch(launcher, common: list[str], per_instance: int | None) -> Launch:
     """One round as one ``launcher.launch`` call; each job's folder named after its
     number, configuration and rate."""
     first = 0
@@ -116,8 +134,7 @@ def hydra_launch(launcher, common: list[str]) -> Launch:
         jobs = [
             [
                 *common,
-                *dep.overrides(),
-                f"trace.rate={rate:.9g}",
+                *run_overrides(dep, rate, per_instance),
                 f"hydra.sweep.subdir={first + i}_{dep.id}_r{rate:.4g}",
             ]
             for i, (dep, rate) in enumerate(batch)
@@ -133,9 +150,13 @@ def prepare(settings: dict[str, Any], cfg: DictConfig) -> tuple[Search, SearchRe
     """The search over the space's configurations that pass the checks, and the
     record of what was ruled out before simulating."""
     started = time.perf_counter()
+    deployments = settings["space"].expand()
+    per_instance = settings["requests_per_instance"]
+    if per_instance is not None:  # the most any run replays: the checks read all of it
+        most = per_instance * max(d.replicas for d in deployments)
+        cfg = OmegaConf.merge(cfg, {"trace": {"num_requests": most}})
     trace = run_trace(cfg)
     checker = Checker(cfg, trace, settings["budget"])
-    deployments = settings["space"].expand()
     kept, dropped = check_all(checker, deployments)
     if not kept:
         rules = sorted({rule for rule, _ in dropped.values()})
@@ -154,8 +175,9 @@ def prepare(settings: dict[str, Any], cfg: DictConfig) -> tuple[Search, SearchRe
     }
     misses = {}
     for n, fit in kept.items():
+        requests = per_instance * deps[n].replicas if per_instance else None
         for slo in settings["slos"]:
-            if (why := bounds.floor_miss(deps[n], fit, slo)) is not None:
+            if (why := bounds.floor_miss(deps[n], fit, slo, requests)) is not None:
                 misses[(n, slo.name)] = why
     search = Search(
         [deps[n] for n in kept],
@@ -187,7 +209,8 @@ def run_search(settings_in, cfg: DictConfig, launcher, hydra_context, arguments:
     """The sweeper's ``sweep``: search, write the results to the sweep folder and
     print the best configuration per SLO; returns the results' JSON."""
     settings = settings_of(settings_in)
-    common = common_overrides(arguments, hydra_context)
+    per_instance = settings["requests_per_instance"]
+    common = common_overrides(arguments, hydra_context, per_instance is not None)
     check_config(cfg)
     started = time.perf_counter()
     search, record = prepare(settings, cfg)
@@ -203,7 +226,7 @@ def run_search(settings_in, cfg: DictConfig, launcher, hydra_context, arguments:
     interrupt_on_sigterm()  # a search stopped by kill or a scheduler writes what it found
     interrupted: BaseException | None = None
     try:
-        search.run(logged(hydra_launch(launcher, common), search))
+        search.run(logged(hydra_launch(launcher, common, per_instance), search))
     except (KeyboardInterrupt, SystemExit) as e:  # SystemExit: a job's interrupt (run.py)
         interrupted = e
     record.wall_s = time.perf_counter() - started

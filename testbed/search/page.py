@@ -102,9 +102,11 @@ def write_page(
     from plotly.offline import get_plotlyjs
 
     n = result["counts"]
+    per = result.get("requests_per_instance")
+    requests = f"{per} requests an instance" if per else f"{result['num_requests']} requests"
     title = (
         f"Deployment search: {result['model']} on {result['hardware']}, trace "
-        f"{result['trace']} ({result['num_requests']} requests), {result['budget']} GPUs"
+        f"{result['trace']} ({requests}), {result['budget']} GPUs"
     )
     checked = ", ".join(f"{v} {k}" for k, v in n["checked_out"].items()) or "none"
     parts = [

@@ -335,6 +335,7 @@ def write_results(out: Path, search: Search, record: SearchRecord) -> dict[str, 
     result = {
         "trace": record.trace,
         "num_requests": record.num_requests,
+        "requests_per_instance": settings.get("requests_per_instance"),
         "model": record.model,
         "hardware": record.hardware,
         "budget": settings["budget"],

@@ -50,6 +50,10 @@ class DeploymentSearchConf:
     # name:ttft_s:tpot_s[@percentile] (p99 unless given), or {name, ttft_s, tpot_s, percentile}
     slos: list[Any] = field(default_factory=lambda: ["tight:0.5:0.05@p99", "loose:2:0.1@p99"])
     space: SpaceConf = field(default_factory=SpaceConf)
+    # Each run replays this many requests per engine instance (the trace's first
+    # N x instances), so that every configuration's instances see as much of the
+    # trace, and fill up as early in it; null: the trace's own num_requests for all.
+    requests_per_instance: int | None = 300
     rel_tol: float = 0.05  # a rate is found once bracketed this close (relative)
     probes: int = 4  # configurations that search each SLO before the rest are challenged
     bound: bool = True  # false: exhaustive (nothing pruned), to measure what pruning saves

@@ -17,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = [
-    "model=llama3-8b", "trace=synthetic", "trace.num_requests=40",
+    "model=llama3-8b", "trace=synthetic", "hydra.sweeper.requests_per_instance=20",
     "hydra.sweeper.budget=2", "hydra.sweeper.space.replicas=[1,2]",
     "hydra.sweeper.space.tensor_parallel=[1]", "hydra.sweeper.space.pipeline_parallel=[1]",
     "hydra.sweeper.space.split=[colocated]", "hydra.sweeper.space.max_num_seqs=[4,32]",
@@ -48,8 +48,9 @@ def test_the_search_runs_through_hydra_and_writes_the_front_and_the_best(tmp_pat
         metrics = json.loads((Path(run["run_dir"]) / "metrics.json").read_text())
         assert metrics["trace"] == "synthetic" and metrics["num_gpus"] == run["gpus"]
         assert metrics["ttft_s_p99"] == pytest.approx(run["ttft_s_p99"], rel=1e-6)
+        assert metrics["num_requests"] == 20 * metrics["num_replicas"]
         assert run["met_tight"] == (
-            metrics["num_finished"] == 40 and metrics["ttft_s_p99"] <= 0.15
+            metrics["num_finished"] == metrics["num_requests"] and metrics["ttft_s_p99"] <= 0.15
             and metrics["tpot_s_p99"] <= 0.012
         )  # fmt: skip
     # the best per SLO is the highest rate per GPU any run met it at
@@ -74,6 +75,7 @@ def test_the_search_runs_through_hydra_and_writes_the_front_and_the_best(tmp_pat
         ("hydra.sweeper.space.split=[2-1]", r"hydra.sweeper.space.split: '2-1'"),
         ("engine.max_num_seqs=8", r"the search sets engine.max_num_seqs"),
         ("seed=0,1", r"seed=0,1: a sweep has no place"),
+        ("trace.num_requests=50", r"sets each run's trace.num_requests"),
     ],
 )
 def test_a_bad_setting_stops_the_search_before_any_run_naming_the_field(
