@@ -117,10 +117,12 @@ def write_page(
         "<a href='dashboard.html'>dashboard.html</a>.</p>",
         "<h2>Best configuration per SLO</h2>",
         table(result["best"]),
-        "<h2>Which knobs mattered</h2><p>Per SLO, each knob of the best configuration "
-        "changed alone: the most the other values could reach, as a fraction of the best's "
-        "rate per GPU (an upper bound where the search pruned them; 0 where their latency "
-        "floor misses the SLO).</p>",
+        "<h2>Which knobs mattered</h2><p>Per SLO, each value of a knob other than the "
+        "best configuration's: the rate per GPU the configurations with it reach, as a "
+        "fraction of the best's, at least (proven met) and at most (the search's bound: "
+        "a miss, or 0 below a latency floor). <i>mattered</i>: even the most is below the "
+        "best beyond the tolerance; <i>did not</i>: the least is within it; "
+        "<i>unsettled</i>: pruned at the best's own rate, how far below is unknown.</p>",
         table(result["knob_effects"]),
     ]
     for slo in search.slos:

@@ -198,12 +198,13 @@ def best_rows(search: Search, record: SearchRecord) -> list[dict[str, Any]]:
 
 
 def knob_effects(search: Search, record: SearchRecord) -> list[dict[str, Any]]:
-    """Per SLO and knob, what changing only that knob of the best configuration
-    can reach: the highest rate per GPU any such configuration could have (its
-    proven rate where it converged, its miss where it was pruned: an upper bound;
-    none where its floor misses) as a fraction of the best's. 1.0 or near: the
-    knob did not matter; "-": no other value of it passes the checks."""
-    by_knobs = {tuple(d.knobs().items()): d.num for d in record.deployments}
+    """Per SLO, knob and value other than the best configuration's: the rate per
+    GPU the configurations with that value reach, as fractions of the best's: at
+    least (the highest any of them met) and at most (the lowest it could miss:
+    its miss where it was pruned, 0 where its latency floor misses). The value
+    mattered where even the most is below the best by more than the tolerance,
+    did not where the least is within it; otherwise the search, having pruned
+    it at the best's own rate, did not settle how far below it lies."""
     rows = []
     for slo in search.slos:
         best = search.best(slo.name)
@@ -211,30 +212,36 @@ def knob_effects(search: Search, record: SearchRecord) -> list[dict[str, Any]]:
             continue
         rate, holder = best
         winner = search.deps[holder].knobs()
-        for knob, values in ((k, getattr(record.settings["space"], k)) for k in KNOBS):
-            reach, alternatives = [], []
-            for v in values:
-                n = by_knobs.get(tuple((winner | {knob: v}).items()))
-                if v == winner[knob] or n is None or n not in search.deps:
+        tie = 1 / (1 + search.rel_tol)
+        for knob in KNOBS:
+            for value in getattr(record.settings["space"], knob):
+                if value == winner[knob]:
                     continue
-                iv = search.intervals[(n, slo.name)]
-                if iv.status == FLOOR:
-                    upper = 0.0
-                elif iv.hi is not None:
-                    upper = iv.hi / search.deps[n].gpus
-                else:
-                    upper = math.inf
-                reach.append(upper)
-                alternatives.append(f"{v}: {search.deps[n].id} {iv.status}")
-            rows.append(
-                {
-                    "slo": slo.name,
-                    "knob": knob,
-                    "best_value": winner[knob],
-                    "others_reach_at_most": _r(max(reach) / rate) if reach else None,
-                    "others": "; ".join(alternatives) or "no other value passes the checks",
-                }
-            )
+                nums = [n for n, d in search.deps.items() if getattr(d, knob) == value]
+                row = {"slo": slo.name, "knob": knob, "best_value": winner[knob],
+                       "value": value, "configurations": len(nums)}  # fmt: skip
+                if not nums:
+                    rows.append(row | {"verdict": "none passes the checks"})
+                    continue
+                most, least, top = 0.0, 0.0, None
+                for n in nums:
+                    iv = search.intervals[(n, slo.name)]
+                    if iv.status == FLOOR:
+                        upper = 0.0
+                    elif iv.hi is not None:
+                        upper = iv.hi / search.deps[n].gpus
+                    else:
+                        upper = math.inf
+                    lower = iv.lo / search.deps[n].gpus if iv.lo is not None else 0.0
+                    if upper > most:
+                        most, top = upper, search.deps[n].id
+                    least = max(least, lower)
+                at_most, at_least = most / rate, least / rate
+                verdict = (
+                    "mattered" if at_most < tie else "did not" if at_least >= tie else ("unsettled")
+                )
+                rows.append(row | {"reach_at_least": at_least, "reach_at_most": _r(at_most),
+                                   "highest": top, "verdict": verdict})  # fmt: skip
     return rows
 
 
