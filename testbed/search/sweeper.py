@@ -48,7 +48,9 @@ class DeploymentSearchConf:
     _target_: str = TARGET
     budget: int = 8  # GPUs: a configuration uses at most this many
     # name:ttft_s:tpot_s[@percentile] (p99 unless given), or {name, ttft_s, tpot_s, percentile}
-    slos: list[Any] = field(default_factory=lambda: ["tight:0.5:0.05@p99", "loose:2:0.1@p99"])
+    slos: list[Any] = field(
+        default_factory=lambda: ["tight:1:0.025@p90", "relaxed:3:0.05@p90", "tail:3:0.05@p99"]
+    )
     space: SpaceConf = field(default_factory=SpaceConf)
     # Each run replays this many requests per engine instance (the trace's first
     # N x instances), so that every configuration's instances see as much of the
