@@ -96,8 +96,20 @@ def config_rows(search: Search, record: SearchRecord) -> list[dict[str, Any]]:
     return rows
 
 
-def run_rows(search: Search) -> list[dict[str, Any]]:
-    """One row per simulation: its configuration, rate, latencies and verdicts."""
+def shown(run_dir: str | None, out: Path) -> str | None:
+    """A run's folder relative to the results' folder where it lies inside (the
+    results then move with it), else as it is."""
+    if run_dir is None:
+        return None
+    try:
+        return Path(run_dir).resolve().relative_to(out.resolve()).as_posix()
+    except ValueError:
+        return run_dir
+
+
+def run_rows(search: Search, out: Path) -> list[dict[str, Any]]:
+    """One row per simulation: its configuration, rate, latencies and verdicts (its
+    folder relative to ``out``)."""
     rows = []
     for run in search.runs:
         dep = search.deps[run.dep]
@@ -117,7 +129,7 @@ def run_rows(search: Search) -> list[dict[str, Any]]:
             "num_requests": m.get("num_requests"),
             "latency_model_source": m.get("latency_model_source"),
             "error": run.error,
-            "run_dir": run.run_dir,
+            "run_dir": shown(run.run_dir, out),
         }
         rows.append(row)
     return rows
@@ -332,7 +344,7 @@ def write_results(out: Path, search: Search, record: SearchRecord) -> dict[str, 
     from testbed.search.page import write_page
 
     out.mkdir(parents=True, exist_ok=True)
-    configs, runs = config_rows(search, record), run_rows(search)
+    configs, runs = config_rows(search, record), run_rows(search, out)
     front, best = front_rows(search), best_rows(search, record)
     cover, n, knobs = coverage(search), counts(search, record), knob_effects(search, record)
     tables = {"configs": configs, "runs": runs, "front": front, "best": best, "knobs": knobs}

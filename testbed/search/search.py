@@ -219,12 +219,16 @@ class Search:
             for n in self.deps:
                 iv = self.intervals[(n, s.name)]
                 hi = self.per_gpu(n, iv.hi)
-                if iv.status in (LIVE, WAITING) and hi is not None and hi <= rate * (1 + EPS):
-                    self.stop(
-                        (n, s.name),
-                        PRUNED,
+                if (
+                    iv.status in (LIVE, WAITING, CONVERGED)
+                    and hi is not None
+                    and hi <= rate * (1 + EPS)
+                ):
+                    # (a pair that converged before the best rose past it is beaten too)
+                    iv.status = PRUNED
+                    iv.reason = (
                         f"misses it at {hi:.4g} req/s per GPU, no more than the {rate:.4g} "
-                        f"that {self.deps[holder].id} meets",
+                        f"that {self.deps[holder].id} meets"
                     )
 
     def next_rate(self, n: int, slo: str) -> tuple[float, bool] | None:

@@ -45,7 +45,8 @@ def test_the_search_runs_through_hydra_and_writes_the_front_and_the_best(tmp_pat
     assert result["counts"]["simulations"] == len(runs) > 0
     # every simulation is a run folder of the sweep, whose metrics the verdicts read
     for _, run in runs.iterrows():
-        metrics = json.loads((Path(run["run_dir"]) / "metrics.json").read_text())
+        assert not Path(run["run_dir"]).is_absolute()  # the results move with the folder
+        metrics = json.loads((tmp_path / run["run_dir"] / "metrics.json").read_text())
         assert metrics["trace"] == "synthetic" and metrics["num_gpus"] == run["gpus"]
         assert metrics["ttft_s_p99"] == pytest.approx(run["ttft_s_p99"], rel=1e-6)
         assert metrics["num_requests"] == 20 * metrics["num_replicas"]
