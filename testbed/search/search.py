@@ -30,7 +30,9 @@ At first only ``probes`` configurations (the highest estimated capacity per
 GPU) search an SLO; the rest wait until the probes have converged and are then
 challenged at the best they found, so that most of the space costs one
 simulation each. Where no probe met an SLO at any rate, the rest try the
-ladder's foot first.
+ladder's foot first. Configurations that tie with the best (knobs that do not
+bind) follow one of them: the rest wait for it to converge, then are
+challenged at its rate and its miss.
 """
 
 from __future__ import annotations
@@ -286,16 +288,44 @@ class Search:
                 self.intervals[(n, slo)].rounds += 1
         return [(self.deps[n], rate) for n, rate in sorted(wanted)]
 
+    def followers(self) -> set[tuple[int, str]]:
+        """Pairs that tie with the best of their SLO and wait for one of the ties,
+        the leader (the narrowest bracket, then the lowest number), to converge:
+        they then try its rate and its miss, two runs each (all at once), instead
+        of bisecting alongside it in every round."""
+        waiting: set[tuple[int, str]] = set()
+        if not self.bound:
+            return waiting
+        for s in self.slos:
+            best = self.best(s.name)
+            if best is None:
+                continue
+            edge = self.frontier(s.name, best[0])
+            if edge is not None and edge <= best[0] * (1 + self.rel_tol):
+                continue  # the best has converged: the ties try its miss at once
+            ties = [
+                n for n in self.deps
+                if self.intervals[(n, s.name)].status == LIVE
+                and self.intervals[(n, s.name)].lo is not None
+                and self.intervals[(n, s.name)].lo / self.deps[n].gpus >= best[0] * (1 - EPS)
+            ]  # fmt: skip
+            if len(ties) > 1:
+                hi = {n: self.per_gpu(n, self.intervals[(n, s.name)].hi) for n in ties}
+                leader = min(ties, key=lambda n: (math.inf if hi[n] is None else hi[n], n))
+                waiting |= {(n, s.name) for n in ties if n != leader}
+        return waiting
+
     def wanted(self) -> dict[tuple[int, float], list[str]]:
         """(deployment, rate) -> the SLOs that need it next. A deployment's
         challenges wait for its lowest rate wanted: a miss there prunes every SLO
         whose best is at or above it, so one run may settle them all."""
         asked: dict[int, list[tuple[float, str, bool]]] = {}
+        followers = self.followers()
         for (n, slo), iv in self.intervals.items():
             if iv.status != LIVE:
                 continue
             found = self.next_rate(n, slo)
-            if found is None:
+            if found is None or (n, slo) in followers:
                 continue
             rate = canonical(found[0])
             if (n, rate) in self.simulated:  # the rules never ask twice; a guard

@@ -108,3 +108,24 @@ def test_an_slo_no_configuration_can_meet_ends_unmet():
     search.run(model.launch)
     assert search.best("impossible") is None
     assert all(iv.status in ("unmet", "pruned") for iv in search.intervals.values())
+
+
+def test_configurations_that_tie_follow_one_of_them_at_two_runs_each():
+    deps = Space.of(SMALL_SPACE).expand()[:8]  # alike but for max_num_seqs and policy
+    model = Synthetic(deps, 0)
+    model.capacity = {d.num: 1.0 for d in deps}  # knobs that do not bind: all tie
+    slo = SLOS[0]
+
+    def searched(group):
+        starts = {d.num: d.gpus * 1.3 for d in group}
+        search = Search(group, [slo], starts, probes=1)
+        search.run(model.launch)
+        return search
+
+    alone, ties = searched(deps[:1]), searched(deps)
+    assert len(ties.runs) <= len(alone.runs) + 2 * (len(deps) - 1)
+    assert ties.round <= alone.round + 2  # the followers' two runs go all at once
+    truth = model.truth(deps[0], slo)  # per GPU, the same for all
+    for n, dep in ties.deps.items():
+        iv = ties.intervals[(n, slo.name)]
+        assert iv.status == CONVERGED and iv.lo <= truth * dep.gpus < iv.hi
