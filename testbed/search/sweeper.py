@@ -49,7 +49,11 @@ class DeploymentSearchConf:
     budget: int = 8  # GPUs: a configuration uses at most this many
     # name:ttft_s:tpot_s[@percentile] (p99 unless given), or {name, ttft_s, tpot_s, percentile}
     slos: list[Any] = field(
-        default_factory=lambda: ["tight:1:0.025@p90", "relaxed:3:0.05@p90", "tail:3:0.05@p99"]
+        default_factory=lambda: [
+            "tight_tpot:1:0.025@p90",
+            "tight_ttft:0.3:0.1@p90",
+            "relaxed:3:0.05@p90",
+        ]
     )
     space: SpaceConf = field(default_factory=SpaceConf)
     # Each run replays this many requests per engine instance (the trace's first
