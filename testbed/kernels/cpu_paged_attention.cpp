@@ -106,6 +106,24 @@ inline float dot8(const float* q, const T* k, int64_t n) {
   return hsum(a);
 }
 
+// fn(std::integral_constant<int, R>{}, d) over columns [0, n) of a multiple of 8:
+// 64 at a time (R = 8), then the rest in one call of R = (n - d) / 8 registers.
+template <typename Fn>
+inline void by_registers(int64_t n, Fn fn) {
+  int64_t d = 0;
+  for (; d + 64 <= n; d += 64) fn(std::integral_constant<int, 8>{}, d);
+  switch ((n - d) / 8) {
+    case 1: fn(std::integral_constant<int, 1>{}, d); break;
+    case 2: fn(std::integral_constant<int, 2>{}, d); break;
+    case 3: fn(std::integral_constant<int, 3>{}, d); break;
+    case 4: fn(std::integral_constant<int, 4>{}, d); break;
+    case 5: fn(std::integral_constant<int, 5>{}, d); break;
+    case 6: fn(std::integral_constant<int, 6>{}, d); break;
+    case 7: fn(std::integral_constant<int, 7>{}, d); break;
+    default: break;
+  }
+}
+
 // acc[0..8R) += sum_t p[t] * v_t[0..8R), the accumulators in R registers.
 template <int R, typename T>
 inline void accumulate_regs(float* acc, const float* p, const T* v, int64_t count,
@@ -221,20 +239,9 @@ inline void accumulate_pairs(float* acc, const float* p, int64_t lim, const BF16
   for (; t < lim; ++t) ph[t] = BF16(p[t]);
   if (lim % 2 != 0) ph[lim] = BF16(0.f);
   const int64_t pairs = (lim + 1) / 2;
-  int64_t d = 0;
-  for (; d + 64 <= n; d += 64) {
-    accumulate_pairs_regs<8>(acc + d, ph, vp + 2 * d, pairs, pair_stride);
-  }
-  switch ((n - d) / 8) {
-    case 1: accumulate_pairs_regs<1>(acc + d, ph, vp + 2 * d, pairs, pair_stride); break;
-    case 2: accumulate_pairs_regs<2>(acc + d, ph, vp + 2 * d, pairs, pair_stride); break;
-    case 3: accumulate_pairs_regs<3>(acc + d, ph, vp + 2 * d, pairs, pair_stride); break;
-    case 4: accumulate_pairs_regs<4>(acc + d, ph, vp + 2 * d, pairs, pair_stride); break;
-    case 5: accumulate_pairs_regs<5>(acc + d, ph, vp + 2 * d, pairs, pair_stride); break;
-    case 6: accumulate_pairs_regs<6>(acc + d, ph, vp + 2 * d, pairs, pair_stride); break;
-    case 7: accumulate_pairs_regs<7>(acc + d, ph, vp + 2 * d, pairs, pair_stride); break;
-    default: break;
-  }
+  by_registers(n, [&](auto regs, int64_t d) {
+    accumulate_pairs_regs<decltype(regs)::value>(acc + d, ph, vp + 2 * d, pairs, pair_stride);
+  });
 }
 
 constexpr bool kDotPairs = true;
@@ -297,27 +304,18 @@ inline float exp_shifted(float* x, int64_t count, float mx) {
 template <typename T>
 inline void accumulate(float* acc, const float* p, const T* v, int64_t count, int64_t stride,
                        int64_t n) {
-  int64_t d = 0;
 #if defined(__AVX2__) && defined(__FMA__)
   if (n % 8 == 0) {
-    for (; d + 64 <= n; d += 64) accumulate_regs<8>(acc + d, p, v + d, count, stride);
-    switch ((n - d) / 8) {
-      case 1: accumulate_regs<1>(acc + d, p, v + d, count, stride); break;
-      case 2: accumulate_regs<2>(acc + d, p, v + d, count, stride); break;
-      case 3: accumulate_regs<3>(acc + d, p, v + d, count, stride); break;
-      case 4: accumulate_regs<4>(acc + d, p, v + d, count, stride); break;
-      case 5: accumulate_regs<5>(acc + d, p, v + d, count, stride); break;
-      case 6: accumulate_regs<6>(acc + d, p, v + d, count, stride); break;
-      case 7: accumulate_regs<7>(acc + d, p, v + d, count, stride); break;
-      default: break;
-    }
+    by_registers(n, [&](auto regs, int64_t d) {
+      accumulate_regs<decltype(regs)::value>(acc + d, p, v + d, count, stride);
+    });
     return;
   }
 #endif
   for (int64_t t = 0; t < count; ++t) {
     const float pt = p[t];
     const T* vt = v + t * stride;
-    for (int64_t i = d; i < n; ++i) acc[i] += pt * widen(vt[i]);
+    for (int64_t i = 0; i < n; ++i) acc[i] += pt * widen(vt[i]);
   }
 }
 
@@ -359,19 +357,8 @@ constexpr int64_t kTileRows = 32;
 // shared out between threads.
 constexpr double kUnitCostPairs = 64;
 
-// dst[0..n) = src[0..n) as float32.
-template <typename T>
-inline void widen_row(const T* src, float* dst, int64_t n) {
-  int64_t d = 0;
-#if defined(__AVX2__) && defined(__FMA__)
-  for (; d + 8 <= n; d += 8) _mm256_storeu_ps(dst + d, load8(src + d));
-#endif
-  for (; d < n; ++d) dst[d] = widen(src[d]);
-}
-
 struct Scratch {
   std::vector<float> q, s, acc, mx, sum;
-  std::vector<float> v;  // a V block's rows widened to float32
   std::vector<BF16> vp, ph;  // a V block's rows in pairs; one vector's weights
   std::vector<BF16> qh;  // bfloat16 queries unscaled, for the dot-pair scores
   std::vector<int64_t> seen;
@@ -397,8 +384,8 @@ inline void for_each_block(const T* cache, const int32_t* table, int64_t h0, int
 // chunk of keys: scores (each K block read once for all query vectors, from cache
 // after the first), exponentials against the running maximum, then the weighted
 // V rows. Vectors are ordered (KV head, row, query head of it). `tile`: a tile of a
-// longer item's rows, whose bfloat16 V blocks are paired (or widened) once for all
-// its vectors.
+// longer item's rows, whose bfloat16 V blocks are paired once for all its vectors
+// where the CPU has dot pairs.
 template <typename T>
 void attend_unit(const int64_t* it, bool tile, int64_t h0, int64_t nh, const Shapes& sh,
                  float scale, const T* q_base, T* o_base, const T* k_base, const T* v_base,
@@ -471,14 +458,13 @@ void attend_unit(const int64_t* it, bool tile, int64_t h0, int64_t nh, const Sha
       w.sum[r] += exp_shifted(sr, count, top);
     }
     for_each_block(v_base, table, h0, nh, c0, c1, sh, [&](const T* vb, int64_t t0) {
-      // A tile's bfloat16 V rows: paired once for dot-pair products where the CPU
-      // has them, else widened once into float32, rather than widened once per
-      // vector. (An item of a few rows has too few vectors for the copy to pay.)
-      const int64_t lim_all = std::min(bs, c1 - t0), cols = nh * hd;
-      const bool shared = !std::is_same_v<T, float> && tile;
 #if defined(__AVX512BF16__) && defined(__AVX512VL__)
+      // A tile's bfloat16 V rows, paired once for dot-pair products with all its
+      // vectors' weights. (An item of a few rows has too few vectors for the copy
+      // to pay.)
       if constexpr (pairs) {
-        if (shared && hd % 8 == 0) {
+        if (tile && hd % 8 == 0) {
+          const int64_t lim_all = std::min(bs, c1 - t0), cols = nh * hd;
           w.vp.resize((lim_all + 1) / 2 * 2 * cols);
           w.ph.resize(bs + 1);
           pair_rows(vb, sh.key_stride, lim_all, cols, w.vp.data());
@@ -492,22 +478,11 @@ void attend_unit(const int64_t* it, bool tile, int64_t h0, int64_t nh, const Sha
         }
       }
 #endif
-      const float* vf = nullptr;
-      if (shared) {
-        w.v.resize(lim_all * cols);
-        for (int64_t t = 0; t < lim_all; ++t) {
-          widen_row(vb + t * sh.key_stride, w.v.data() + t * cols, cols);
-        }
-        vf = w.v.data();
-      }
       for (int64_t r = 0; r < n; ++r) {
         const int64_t lim = std::min(bs, w.seen[r] - t0);
-        if (lim <= 0) continue;
-        const float* p = w.s.data() + r * width + (t0 - c0);
-        if (vf != nullptr) {
-          accumulate(w.acc.data() + r * hd, p, vf + r / per_head * hd, lim, cols, hd);
-        } else {
-          accumulate(w.acc.data() + r * hd, p, vb + r / per_head * hd, lim, sh.key_stride, hd);
+        if (lim > 0) {
+          accumulate(w.acc.data() + r * hd, w.s.data() + r * width + (t0 - c0),
+                     vb + r / per_head * hd, lim, sh.key_stride, hd);
         }
       }
     });
