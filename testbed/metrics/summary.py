@@ -68,17 +68,22 @@ from testbed.metrics.steplog import StepLog
 LATENCIES = ("ttft_s", "tpot_s", "itl_s", "e2e_s", "queue_s")
 
 
-def _stats(name: str, values: np.ndarray) -> dict[str, float]:
+STATISTICS = ("mean", "p50", "p90", "p99")  # what metrics.json gives of each latency
+
+
+def statistics(values: np.ndarray, names: tuple[str, ...] = STATISTICS) -> dict[str, float]:
+    """The named statistics of ``values`` (``mean`` or a percentile ``pNN``), NaN
+    ignored; NaN where no value is left."""
     values = values[~np.isnan(values)]
     if values.size == 0:
-        return {f"{name}_{s}": math.nan for s in ("mean", "p50", "p90", "p99")}
-    p50, p90, p99 = np.percentile(values, [50, 90, 99])
-    return {
-        f"{name}_mean": float(values.mean()),
-        f"{name}_p50": float(p50),
-        f"{name}_p90": float(p90),
-        f"{name}_p99": float(p99),
-    }
+        return dict.fromkeys(names, math.nan)
+    pct = [s for s in names if s != "mean"]
+    out = dict(zip(pct, np.percentile(values, [float(s[1:]) for s in pct]).tolist()))
+    return {s: float(values.mean()) if s == "mean" else out[s] for s in names}
+
+
+def _stats(name: str, values: np.ndarray) -> dict[str, float]:
+    return {f"{name}_{s}": v for s, v in statistics(values).items()}
 
 
 SUSTAINED = 0.95  # requests finished over requests arrived, in the window

@@ -24,6 +24,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from testbed.build import latency_model, model_spec
+from testbed.metrics.summary import statistics
 from testbed.search.checks import Fit, TraceStats
 from testbed.search.slo import SLO
 from testbed.search.space import Deployment
@@ -32,16 +33,6 @@ from testbed.sim.latency import LatencyModel
 # A run's times are differences of clock readings: an idle request's TTFT equals
 # its floor only up to rounding, which must not prune it.
 ROUNDING = 1e-9
-
-
-def statistic(values: np.ndarray, percentile: str) -> float:
-    """``values``' statistic as ``metrics.json`` computes it (NaN ignored)."""
-    values = values[~np.isnan(values)]
-    if values.size == 0:
-        return math.nan
-    if percentile == "mean":
-        return float(values.mean())
-    return float(np.percentile(values, float(percentile.removeprefix("p"))))
 
 
 class Bounds:
@@ -132,8 +123,8 @@ class Bounds:
             return None
         ttft, tpot = (f[:requests] for f in self.floors(dep, fit))
         for name, floor, target in (
-            ("TTFT", statistic(ttft, slo.percentile), slo.ttft_s),
-            ("TPOT", statistic(tpot, slo.percentile), slo.tpot_s),
+            ("TTFT", statistics(ttft, (slo.percentile,))[slo.percentile], slo.ttft_s),
+            ("TPOT", statistics(tpot, (slo.percentile,))[slo.percentile], slo.tpot_s),
         ):
             if floor * (1 - ROUNDING) > target:
                 return (

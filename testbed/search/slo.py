@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from testbed.errors import InputError
+from testbed.metrics.summary import STATISTICS
 
-PERCENTILES = ("p50", "p90", "p99", "mean")  # the statistics metrics.json gives of each latency
+PERCENTILES = STATISTICS  # an SLO is on a statistic metrics.json gives of each latency
 _SPEC = re.compile(r"(?P<name>[A-Za-z_][\w-]*):(?P<ttft>[^:@]+):(?P<tpot>[^:@]+)(@(?P<pct>\w+))?")
 
 

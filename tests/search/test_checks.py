@@ -11,7 +11,8 @@ from testbed.build import run_trace
 from testbed.config_schema import compose_config
 from testbed.errors import InputError
 from testbed.job import run_from_config
-from testbed.search.bounds import Bounds, statistic
+from testbed.metrics.summary import statistics
+from testbed.search.bounds import Bounds
 from testbed.search.checks import (
     BUDGET,
     INVALID,
@@ -114,13 +115,13 @@ def test_the_latency_floors_are_under_what_a_light_run_measures(tmp_path, shared
     metrics = run_from_config(cfg, tmp_path / "run")
     for p in ("p50", "p90", "p99", "mean"):
         # (times in a run are differences of clock readings: equal up to rounding)
-        assert statistic(ttft, p) <= metrics[f"ttft_s_{p}"] * (1 + 1e-9)
-        assert statistic(tpot, p) <= metrics[f"tpot_s_{p}"] * (1 + 1e-9)
+        assert statistics(ttft, (p,))[p] <= metrics[f"ttft_s_{p}"] * (1 + 1e-9)
+        assert statistics(tpot, (p,))[p] <= metrics[f"tpot_s_{p}"] * (1 + 1e-9)
     # nearly idle, the floors are close to what it measures
-    assert statistic(tpot, "p50") > 0.8 * metrics["tpot_s_p50"]
+    assert statistics(tpot, ("p50",))["p50"] > 0.8 * metrics["tpot_s_p50"]
     if shared:  # the run found shared prefixes; the floors allowed for every one
         assert metrics["prefix_cache_hit_rate"] > 0 and checker.stats.cacheable.max() > 0
-    tight = SLO("tight", 1.0, 0.5 * statistic(tpot, "p99"))
+    tight = SLO("tight", 1.0, 0.5 * statistics(tpot, ("p99",))["p99"])
     assert "TPOT at p99 is at least" in bounds.floor_miss(d, fit, tight)
     assert bounds.floor_miss(d, fit, SLO("loose", 10.0, 1.0)) is None
     assert np.isnan(tpot[checker.stats.output < 2]).all()
