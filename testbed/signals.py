@@ -19,14 +19,33 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised as an interrupt so that the work stops as on Ctrl-C."""
 
 
+def _raise_terminated(signum, frame) -> None:
+    """The handler: the first SIGTERM raises :class:`Terminated`, a second kills."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    raise Terminated(f"signal {signal.Signals(signum).name}")
+
+
 def interrupt_on_sigterm() -> None:
     """From now on the first SIGTERM raises :class:`Terminated` in the main thread."""
+    signal.signal(signal.SIGTERM, _raise_terminated)
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[list[int]]:
+    """Within it the first SIGTERM raises :class:`Terminated` (a second kills), the
+    previous handler after. Yields the SIGTERMs received, for callers whose blocking
+    calls (Ray's) turn what a handler raises into a plain KeyboardInterrupt."""
+    received: list[int] = []
 
     def handler(signum, frame):
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        raise Terminated(f"signal {signal.Signals(signum).name}")
+        received.append(signum)
+        _raise_terminated(signum, frame)
 
-    signal.signal(signal.SIGTERM, handler)
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def exit_status(interrupt: KeyboardInterrupt) -> int:

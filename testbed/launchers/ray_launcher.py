@@ -22,10 +22,8 @@ from __future__ import annotations
 import copy
 import logging
 import os
-import signal
 import sys
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +34,7 @@ from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrid
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from testbed.launchers.ray_task import job_dir, job_env, run_job_on_worker
-from testbed.signals import Terminated, exit_status
+from testbed.signals import Terminated, exit_status, sigterm_as_interrupt
 
 # Every job's lines shown, as in a local sweep: Ray's driver would fold the lines of
 # different jobs that differ only in their numbers (it reads this when imported).
@@ -218,23 +216,3 @@ def cancel(refs: list[Any]) -> None:
     except KeyboardInterrupt:
         for ref in refs:
             ray.cancel(ref, force=True)
-
-
-@contextmanager
-def sigterm_as_interrupt() -> Iterator[list[int]]:
-    """Within it SIGTERM interrupts the driver as Ctrl-C does (Ray's own handler
-    would end it without cancelling its tasks), a second one kills it at once;
-    the previous handler after. Yields the SIGTERMs received: Ray's blocking calls
-    turn what a handler raises into a plain KeyboardInterrupt."""
-    received: list[int] = []
-
-    def handler(signum, frame):
-        received.append(signum)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        raise Terminated(f"signal {signal.Signals(signum).name}")
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield received
-    finally:
-        signal.signal(signal.SIGTERM, previous)
