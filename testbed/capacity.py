@@ -3,16 +3,22 @@
 ``python run.py trace=azure_conv load=0.7`` replays the trace at 70% of it:
 policy studies compare policies at a load (light, near saturation, overload)
 rather than at a rate that means something else on every machine, model and
-engine config. A rate is *sustained* when requests finish as fast as they
-arrive: from the arrival of the first quarter's last request (the engine has
-filled up by then) to the last arrival, at least 95% as many admitted requests
-finish as arrive (not counting the last, which cannot have finished). Below
-capacity the two differ only by the change in the number in flight; above it,
-finishes fall behind by the excess rate times the window. Counting to the last
-arrival leaves the drain out: a criterion on the whole run (throughput over the
-offered rate) charges every trace its last requests' latency, which on a short
-trace or a large cluster caps the "capacity" well below what the engine
-sustains (4 replicas: 1.8 times one on 200 requests).
+engine config. A rate is *sustained* when the run is not ``overloaded``
+(``testbed.metrics.summary.fell_behind``, the run's own verdict), judged from
+the arrival of the first quarter's last request (the engine has filled up by
+then) to the last arrival: overloaded when fewer than 95% as many admitted
+requests finish as arrive (not counting the last, which cannot have finished)
+*and* the number in flight grew by more than three times its spread about its
+trend. Below capacity finishes and arrivals differ only by the change in the
+number in flight; above it, finishes fall behind by the excess rate times the
+window, and the backlog grows all the while. The count alone mistakes a burst
+of arrivals just before the last, still in service then, for a backlog, even
+on an idle engine. Counting to the last arrival leaves the drain out:
+a criterion on the whole run (throughput over the offered rate) charges every
+trace its last requests' latency, which on a short trace or a large cluster
+caps the "capacity" well below what the engine sustains (4 replicas: 1.8 times
+one on 200 requests). So ``load=1`` is the highest rate a run is not flagged
+overloaded at.
 
 The search simulates the trace, rescaled to each rate tried, under FCFS (so that
 every policy of a sweep gets the same rate) on the run's engine, cluster,
@@ -44,8 +50,8 @@ from testbed.metrics.summary import (
     SUSTAINED,
     WARM_UP,
     arrivals_window,
+    fell_behind,
     finished_and_arrived,
-    kept_up,
 )
 from testbed.models import ModelSpec
 from testbed.modes.sim import simulate
@@ -57,7 +63,7 @@ HIGHEST_RATE = 1e6
 # Fewer arrivals in the window than about 15 leave no room for one in flight
 # beside the last (the tolerance is 5% of them plus the last itself).
 MIN_REQUESTS = 20
-SEARCH_VERSION = 3  # bump when the search or the simulator changes what it finds
+SEARCH_VERSION = 4  # bump when the search or the simulator changes what it finds
 TRACE_COLUMNS = ["arrival_s", "prompt_tokens", "output_tokens", "prefix_hash_ids"]
 
 
@@ -89,13 +95,12 @@ def sustains(cfg: DictConfig, spec: ModelSpec, rate: float) -> bool:
             f"trace {cfg.trace.name!r}: the engine rejects every request (see the reasons in "
             "requests.csv of a plain run), so it has no capacity to scale to"
         )
-    finished, arrived = finished_and_arrived(admitted, start, last)
-    if not arrived:
+    if not finished_and_arrived(admitted, start, last)[1]:
         raise ValueError(
             f"trace {cfg.trace.name!r}: no admitted request arrives after its first quarter, "
             "so no rate can be judged sustained"
         )
-    return kept_up(finished, arrived)
+    return not fell_behind(admitted, start, last)
 
 
 def bracket(cfg: DictConfig, spec: ModelSpec, start_rate: float) -> tuple[float, float]:

@@ -21,7 +21,7 @@ Definitions (times in seconds, rates per second):
   last one arrived (in a run stopped part-way, of those that arrived by its
   last step). finished_per_arrival: from the arrival of the first quarter's
   last request to the last arrival, the requests that finished over those that
-  arrived (the capacity search's criterion, ``testbed/capacity.py``).
+  arrived.
   backlog_growth: how much the number of admitted requests in the engine
   (arrived, not finished) grew over that window, by a least-squares line
   through its value at each arrival; backlog_spread: the standard deviation of
@@ -34,7 +34,8 @@ Definitions (times in seconds, rates per second):
   fewer than arrived over a short window too; one that grows does so for the
   whole window). None (not judged) in a run stopped part-way or with fewer
   than :data:`MIN_ARRIVALS` arrivals in the window: too few to tell a growing
-  queue from a fluctuating one.
+  queue from a fluctuating one. The capacity search (``testbed/capacity.py``)
+  finds the highest rate at which a run is not overloaded.
 * top_reject_reasons: the commonest reasons of the rejected requests, alike but
   for their numbers, with their counts; a number that varies among them as its
   range (``12 x prompt of 4100-9000 tokens exceeds max_model_len=4096``).
@@ -135,6 +136,18 @@ def backlog_trend(admitted: pd.DataFrame, start: float, last: float) -> tuple[fl
     return float(slope * (last - start)), spread
 
 
+def fell_behind(admitted: pd.DataFrame, start: float, last: float) -> bool:
+    """The overload verdict over ``[start, last]``: fewer finished than arrived
+    (not :func:`kept_up`) *and* a backlog that grew by more than
+    :data:`GROWTH_SPREADS` spreads. The count alone also fails a queue that
+    fluctuates: a burst of arrivals near the last one, still in service then,
+    fails it on an idle engine. The trend alone also rises with a trace whose
+    rate rises."""
+    finished, arrived = finished_and_arrived(admitted, start, last)
+    growth, spread = backlog_trend(admitted, start, last)
+    return not kept_up(finished, arrived) and growth > GROWTH_SPREADS * spread
+
+
 def backlog(
     df: pd.DataFrame, end: float = math.inf, partial: bool = False
 ) -> dict[str, float | int | bool | None]:
@@ -159,7 +172,7 @@ def backlog(
     window = arrivals_window(arrivals.to_numpy())
     finished, arrived = finished_and_arrived(admitted, *window)
     growth, spread = backlog_trend(admitted, *window)
-    grew = not kept_up(finished, arrived) and growth > GROWTH_SPREADS * spread
+    grew = fell_behind(admitted, *window)
     return {
         "offered_req_s": len(admitted) / span if span > 0 else math.nan,
         "waiting_at_last_arrival": waiting,
