@@ -1,6 +1,7 @@
 """The C++ paged-attention kernel for short queries on a CPU
-(``cpu_paged_attention.cpp``) and a decoder layer's fused elementwise ops
-(``cpu_layer_ops.cpp``), compiled on first use and loaded as torch ops.
+(``cpu_paged_attention.cpp``), a decoder layer's fused elementwise ops
+(``cpu_layer_ops.cpp``) and linear products for a few rows
+(``cpu_linear_rows.cpp``), compiled on first use and loaded as torch ops.
 
 It reads K/V through the block table (no gathered copy, no padding) for every
 query of a few rows in one call: decodes, speculative verifications, short
@@ -29,7 +30,10 @@ import torch
 
 from testbed.host import cpu_fields
 
-SOURCES = [Path(__file__).with_name(n) for n in ("cpu_paged_attention.cpp", "cpu_layer_ops.cpp")]
+SOURCES = [
+    Path(__file__).with_name(n)
+    for n in ("cpu_paged_attention.cpp", "cpu_layer_ops.cpp", "cpu_linear_rows.cpp")
+]
 HEADERS = [Path(__file__).with_name("cpu_vec.h")]
 
 
