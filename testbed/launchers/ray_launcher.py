@@ -14,7 +14,8 @@ arguments of ``ray.init``, whose ``address`` null joins the cluster that
   summary of what finished written as it exits (``report/sweep_callback.py``);
 * a job whose worker dies (its process killed, its node lost) runs once more
   (``ray.remote.max_retries``), then is a FAILED job that names the death, recorded
-  by the sweep's callbacks here as a job that raises is recorded on its worker.
+  by the sweep's callbacks here as a job that raises is recorded on its worker;
+* the sweep's log says which node ran each job (``#2 ran on node 1a2b3c4d (addr)``).
 """
 
 from __future__ import annotations
@@ -134,7 +135,7 @@ class RayLauncher(PluginRayLauncher):
         """The job's return from its worker, or a FAILED one where the task itself
         failed: its worker died on every try, or it raised outside the job."""
         try:
-            return ray.get(job.ref)
+            node, ret = ray.get(job.ref)
         except ray.exceptions.RayTaskError as e:  # e.g. the node lacks the working directory
             cause = e.cause if isinstance(e.cause, BaseException) else e
             return self.failed(job, cause)
@@ -143,6 +144,8 @@ class RayLauncher(PluginRayLauncher):
             reason = str(e).strip().splitlines()[0] if str(e).strip() else ""
             died = f"the Ray worker running it died on {tries} ({type(e).__name__}: {reason})"
             return self.failed(job, WorkerDied(died))
+        log.info(f"\t#{job.num} ran on node {node}")
+        return ret
 
     def failed(self, job: Job, error: BaseException) -> JobReturn:
         """A FAILED return for ``job``, recorded by the sweep's callbacks (its folder's

@@ -15,6 +15,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import ray
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, run_job, setup_globals
@@ -48,11 +49,12 @@ def run_job_on_worker(
     singleton_state: dict[Any, Any],
     env: dict[str, str],
     cwd: str,
-) -> JobReturn:
+) -> tuple[str, JobReturn]:
     """Run the job ``sweep_config`` as Hydra's launchers do (its folder, its saved
     config, the callbacks around it), in the driver's working directory ``cwd``
     and with its variables ``env``; a job's own error is in the returned
-    :class:`JobReturn` (status FAILED), as with Hydra's basic launcher."""
+    :class:`JobReturn` (status FAILED), as with Hydra's basic launcher. Returned
+    with where it ran (:func:`node`), which the driver logs."""
     os.environ.update(env)
     if not os.path.isdir(cwd):
         raise WorkingDirMissing(
@@ -67,17 +69,24 @@ def run_job_on_worker(
     forget_earlier_attempt(job_dir(sweep_config))
     sigterm = signal.getsignal(signal.SIGTERM)  # run.py's job takes SIGTERM as an interrupt
     try:
-        return run_job(
+        ret = run_job(
             hydra_context=hydra_context,
             task_function=task_function,
             config=sweep_config,
             job_dir_key="hydra.sweep.dir",
             job_subdir_key="hydra.sweep.subdir",
         )
+        return node(), ret
     except SystemExit as e:  # an interrupted job (ray.cancel) wrote what it measured and exits
         raise JobInterrupted(f"the job was interrupted (exit status {e.code})") from None
     finally:  # Ray stops its idle workers with SIGTERM
         signal.signal(signal.SIGTERM, sigterm)
+
+
+def node() -> str:
+    """The Ray node this worker is on: its id's first 8 hex digits (as Ray's logs
+    abbreviate it; nodes on one machine share its address) and its address."""
+    return f"{ray.get_runtime_context().get_node_id()[:8]} ({ray.util.get_node_ip_address()})"
 
 
 def job_dir(config: DictConfig) -> Path:

@@ -1,6 +1,7 @@
 """``hydra/launcher=ray`` (testbed/launchers/): sweeps of ``run.py`` on a Ray cluster
-of this machine, on loopback (a head started here with two worker CPUs, or the
-sweep's own instance), against the same sweeps with Hydra's basic launcher."""
+of this machine, on loopback (a head started here with two worker CPUs, two
+nodes of one CPU each, or the sweep's own instance), against the same sweeps
+with Hydra's basic launcher."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
@@ -46,8 +48,13 @@ SWEEP = ["policy=fcfs,sjf", "trace.num_requests=60,-3", "trace.rate=40", "engine
 pytestmark = pytest.mark.slow
 
 
-def env() -> dict[str, str]:
-    return {**os.environ, **RAY_ENV}
+# Nodes of one cluster join by this machine's address, not loopback: Ray allows a
+# second node only with its cluster mode on, and then binds where it can be reached.
+CLUSTER_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"}
+
+
+def env(**extra: str) -> dict[str, str]:
+    return {**os.environ, **RAY_ENV, **extra}
 
 
 def free_port() -> int:
@@ -56,35 +63,68 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextmanager
+def ray_node(folder: Path, name: str, *args: str, extra_env=None) -> Iterator[None]:
+    """``ray start --block`` with ``args`` and the variables ``extra_env`` (its output
+    in ``folder/name.log``) until it says it started; stopped at the end."""
+    ray_cli = shutil.which("ray", path=str(Path(sys.executable).parent))
+    if ray_cli is None:
+        pytest.skip("the ray command is not beside this Python: pip install -e '.[ray]'")
+    log = folder / f"{name}.log"
+    cmd = [ray_cli, "start", "--block", "--node-ip-address=127.0.0.1", *args]
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            cmd, env=env(**(extra_env or {})), stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while "Ray runtime started" not in log.read_text():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"the Ray {name} did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(0.2)
+        yield
+    finally:
+        proc.terminate()  # `ray start --block` stops the processes it started
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def head_args(folder: Path, port: int, cpus: int) -> list[str]:
+    """A head's ``ray start`` arguments: ``cpus`` worker CPUs, no dashboard, its
+    files in ``folder`` (a node joining it keeps its files there too)."""
+    return [
+        "--head",
+        f"--port={port}",
+        f"--num-cpus={cpus}",
+        "--include-dashboard=false",
+        "--disable-usage-stats",
+        f"--temp-dir={folder / 't'}",
+    ]
+
+
 @pytest.fixture(scope="module")
 def ray_head(tmp_path_factory) -> Iterator[str]:
     """A Ray head on 127.0.0.1 with two worker CPUs (``ray start --head``), its
     address; stopped after the module's tests."""
-    ray_cli = shutil.which("ray", path=str(Path(sys.executable).parent))
-    if ray_cli is None:
-        pytest.skip("the ray command is not beside this Python: pip install -e '.[ray]'")
-    folder = tmp_path_factory.mktemp("ray")
-    port = free_port()
-    log = folder / "head.log"
-    cmd = [ray_cli, "start", "--head", "--block", "--node-ip-address=127.0.0.1"]
-    cmd += [f"--port={port}", "--num-cpus=2", "--include-dashboard=false"]
-    cmd += ["--disable-usage-stats", f"--temp-dir={folder / 't'}"]
-    with log.open("w") as out:
-        head = subprocess.Popen(cmd, env=env(), stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 120
-        while "Ray runtime started" not in log.read_text():
-            if head.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"the Ray head did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.2)
+    folder, port = tmp_path_factory.mktemp("ray"), free_port()
+    with ray_node(folder, "head", *head_args(folder, port, cpus=2)):
         yield f"127.0.0.1:{port}"
-    finally:
-        head.terminate()  # `ray start --block` stops the processes it started
-        try:
-            head.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            head.kill()
-            head.wait()
+
+
+@pytest.fixture
+def two_nodes(tmp_path_factory) -> Iterator[str]:
+    """A Ray cluster of two nodes on this machine, one worker CPU each: a head and
+    a second node joining it (``ray start --address``; its own raylet and object
+    store, as another machine's would be), the head's address."""
+    folder, port = tmp_path_factory.mktemp("ray2"), free_port()
+    with ray_node(folder, "head", *head_args(folder, port, cpus=1), extra_env=CLUSTER_ENV):
+        address = f"127.0.0.1:{port}"  # Ray resolves it to this machine's address
+        join = [f"--address={address}", "--num-cpus=1"]
+        with ray_node(folder, "node", *join, extra_env=CLUSTER_ENV):
+            yield address
 
 
 def group_gone(pgid: int, wait_s: float = 60.0) -> bool:
@@ -100,11 +140,15 @@ def group_gone(pgid: int, wait_s: float = 60.0) -> bool:
     return False
 
 
-def sweep(out: Path, *overrides: str, launcher: str = "basic") -> subprocess.CompletedProcess:
+def sweep(
+    out: Path, *overrides: str, launcher: str = "basic", extra_env=None
+) -> subprocess.CompletedProcess:
     """``python run.py -m`` with ``overrides`` into ``out``."""
     cmd = [sys.executable, str(ROOT / "run.py"), "-m", f"hydra/launcher={launcher}"]
     cmd += [*QUIET, *overrides, f"hydra.sweep.dir={out}"]
-    return subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        cmd, cwd=ROOT, env=env(**(extra_env or {})), capture_output=True, text=True, timeout=600
+    )
 
 
 def summary(sweep_dir: Path) -> pd.DataFrame:
@@ -145,6 +189,25 @@ def test_a_ray_sweep_summarizes_as_the_basic_launchers(tmp_path, ray_head):
     assert {m["policy"] for m in runs.values()} == {"fcfs", "sjf"}
     assert len({m["ttft_s_p50"] for m in runs.values()}) == 2  # the policies differ
     assert "(job0 pid=" in ray.stdout + ray.stderr  # its output came from a Ray worker
+
+
+def test_a_sweep_on_two_nodes_runs_on_both_and_summarizes_as_the_basic_launchers(
+    tmp_path, two_nodes
+):
+    """Two nodes of one CPU each: the four jobs (two runs, two that fail) go to both
+    nodes, as the driver's log of where each ran says, and the summary and each
+    job's metrics are the basic launcher's (as on one node)."""
+    basic = sweep(tmp_path / "basic", *SWEEP)
+    address = f"hydra.launcher.ray.init.address={two_nodes}"
+    ray = sweep(tmp_path / "ray", *SWEEP, address, launcher="ray", extra_env=CLUSTER_ENV)
+    out = ray.stderr + ray.stdout
+    assert "Ray launcher: 4 jobs on 2 nodes, 2 CPUs" in out, out[-3000:]
+    ran_on = dict(re.findall(r"#(\d+) ran on node (\w{8}) ", out))
+    assert sorted(ran_on) == ["0", "1", "2", "3"] and len(set(ran_on.values())) == 2, ran_on
+    assert "sweep_summary.csv" in basic.stdout
+    pd.testing.assert_frame_equal(summary(tmp_path / "ray"), summary(tmp_path / "basic"))
+    runs = metrics(tmp_path / "ray")
+    assert runs == metrics(tmp_path / "basic") and len(runs) == 2
 
 
 def test_a_job_whose_worker_dies_is_retried_once_then_failed(tmp_path, ray_head):
