@@ -191,6 +191,31 @@ def test_a_ray_sweep_summarizes_as_the_basic_launchers(tmp_path, ray_head):
     assert "(job0 pid=" in ray.stdout + ray.stderr  # its output came from a Ray worker
 
 
+def test_w_and_b_runs_of_a_ray_sweep_are_where_a_local_sweeps_are(tmp_path, ray_head):
+    """W&B offline: each job's run in its own folder and the sweep's run in the sweep
+    folder, as the basic launcher leaves them."""
+    folders = {}
+    for launcher, extra in (
+        ("basic", []),
+        ("ray", [f"hydra.launcher.ray.init.address={ray_head}"]),
+    ):
+        out = tmp_path / launcher
+        res = sweep(
+            out,
+            "policy=fcfs,sjf",
+            "trace.num_requests=60",
+            "logging=offline",
+            *extra,
+            launcher=launcher,
+            extra_env={"WANDB_MODE": "offline"},
+        )
+        assert res.returncode == 0, res.stderr[-3000:]
+        folders[launcher] = sorted(
+            str(p.parent.parent.relative_to(out)) for p in out.glob("**/wandb/offline-run-*/files")
+        )
+    assert folders["ray"] == folders["basic"] and len(folders["ray"]) == 3, folders
+
+
 def test_a_sweep_on_two_nodes_runs_on_both_and_summarizes_as_the_basic_launchers(
     tmp_path, two_nodes
 ):
