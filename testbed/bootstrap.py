@@ -78,13 +78,14 @@ def _requirements() -> list[str]:
 
 def _project_installed() -> bool:
     """True when this interpreter imports the project from this checkout as an
-    installed (editable) distribution."""
-    try:
-        dist = importlib.metadata.distribution(_project_name())
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    url = json.loads(dist.read_text("direct_url.json") or "{}").get("url")
-    return url == ROOT.resolve().as_uri()
+    installed (editable) distribution. Every distribution of that name is looked
+    at: a stray ``*.egg-info`` in the checkout (on ``sys.path`` as the script's
+    folder) is found first and names no install."""
+    want = ROOT.resolve().as_uri()
+    return any(
+        json.loads(dist.read_text("direct_url.json") or "{}").get("url") == want
+        for dist in importlib.metadata.distributions(name=_project_name())
+    )
 
 
 def _project_name() -> str:
