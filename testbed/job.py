@@ -75,6 +75,7 @@ def run_from_config(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[
 def run_claimed(cfg: DictConfig, run_dir: Path, wall_start: float) -> dict[str, Any]:
     """:func:`run_from_config` once ``run_dir`` is the run's."""
     spec, load, requests, fields = prepare(cfg)
+    progress = Progress(len(requests), cfg.progress)
     sim = cfg.mode.name == "sim"
 
     def start_wandb() -> WandbProcess:
@@ -89,7 +90,6 @@ def run_claimed(cfg: DictConfig, run_dir: Path, wall_start: float) -> dict[str, 
     # real run it would take CPU from the engine whose step times the run measures,
     # so there it starts after.
     wandb = start_wandb() if sim else None
-    progress = Progress(len(requests), cfg.progress)
     try:
         try:
             if cfg.mode.name == "sim":

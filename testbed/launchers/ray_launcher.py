@@ -15,7 +15,11 @@ arguments of ``ray.init``, whose ``address`` null joins the cluster that
 * a job whose worker dies (its process killed, its node lost) runs once more
   (``ray.remote.max_retries``), then is a FAILED job that names the death, recorded
   by the sweep's callbacks here as a job that raises is recorded on its worker;
-* the sweep's log says which node ran each job (``#2 ran on node 1a2b3c4d (addr)``).
+* the sweep's log says which node ran each job (``#2 ran on node 1a2b3c4d (addr)``);
+* where jobs would show a progress bar (``progress=true``) and the sweep's stderr
+  is a terminal, the driver shows one bar over the sweep's jobs: a job's own bar
+  would reach it through Ray's log streaming a line per update, so the jobs run
+  without theirs (``ray_task.without_bar``).
 """
 
 from __future__ import annotations
@@ -119,16 +123,22 @@ class RayLauncher(PluginRayLauncher):
         ``sigterms``), cancel the rest and exit with the signal's status."""
         returns: dict[int, JobReturn] = {}
         pending = {job.ref: job for job in jobs}
+        bar = sweep_bar(jobs)
         try:
             while pending:
                 done, _ = ray.wait(list(pending), num_returns=1, timeout=POLL_S)
                 for ref in done:
                     job = pending.pop(ref)
                     returns[job.num] = self.job_return(job, retries)
+                    if bar is not None:
+                        bar.update(1)
         except KeyboardInterrupt as e:
             cancel(list(pending))
             print("interrupted", file=sys.stderr, flush=True)
             raise SystemExit(exit_status(Terminated() if sigterms else e)) from None
+        finally:
+            if bar is not None:
+                bar.close()
         return [returns[job.num] for job in jobs]
 
     def job_return(self, job: Job, retries: int) -> JobReturn:
@@ -177,6 +187,18 @@ class RayLauncher(PluginRayLauncher):
             if previous is not None:
                 HydraConfig.instance().set_config(previous)
         return ret
+
+
+def sweep_bar(jobs: list[Job]):
+    """A progress bar over ``jobs`` on the sweep's terminal, where they would show
+    their own (``progress=true``) and stderr is one; else None."""
+    if not sys.stderr.isatty() or not any(
+        OmegaConf.select(job.config, "progress", default=False) for job in jobs
+    ):
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=len(jobs), unit="job", desc="sweep", dynamic_ncols=True)
 
 
 def connect(init: DictConfig) -> None:

@@ -20,7 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, run_job, setup_globals
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from testbed.report.rundir import CLAIM, SWEEP_ID, read_claim
 
@@ -66,6 +66,7 @@ def run_job_on_worker(
     setup_globals()
     Singleton.set_state(singleton_state)
     HydraConfig.instance().set_config(sweep_config)
+    without_bar(sweep_config)
     forget_earlier_attempt(job_dir(sweep_config))
     sigterm = signal.getsignal(signal.SIGTERM)  # run.py's job takes SIGTERM as an interrupt
     try:
@@ -81,6 +82,16 @@ def run_job_on_worker(
         raise JobInterrupted(f"the job was interrupted (exit status {e.code})") from None
     finally:  # Ray stops its idle workers with SIGTERM
         signal.signal(signal.SIGTERM, sigterm)
+
+
+def without_bar(config: DictConfig) -> None:
+    """Turn the job's progress bar into sparse lines (``progress=lines``): its output
+    reaches the sweep's terminal through Ray's log streaming, a line per update,
+    never redrawn in place. The driver shows the sweep's bar over jobs
+    (``ray_launcher.sweep_bar``); a job's lines say it started and each tenth."""
+    if OmegaConf.select(config, "progress", default=None) is True:
+        with read_write(config), open_dict(config):
+            config.progress = "lines"
 
 
 def node() -> str:
