@@ -11,9 +11,9 @@ LINES = 10  # "lines" prints the start and each tenth of the requests
 
 class Progress:
     """Progress over finished requests, showing the run's clock, in ``mode``: True a
-    tqdm bar, "lines" a line when the run's first step starts and at each tenth of
-    its requests (each flushed, for a log streamed line by line), False nothing.
-    Either appears at the run's first step, not while the run is being set up (a
+    tqdm bar, "lines" a line when the first request finishes and at each tenth of
+    the requests (each flushed, for a log streamed line by line), False nothing.
+    Either appears once requests finish, not while the run is being set up (a
     model built, a capacity searched)."""
 
     def __init__(self, total: int, mode: bool | str) -> None:
