@@ -18,8 +18,9 @@ arguments of ``ray.init``, whose ``address`` null joins the cluster that
 * the sweep's log says which node ran each job (``#2 ran on node 1a2b3c4d (addr)``);
 * where jobs would show a progress bar (``progress=true``) and the sweep's stderr
   is a terminal, the driver shows one bar over the sweep's jobs: a job's own bar
-  would reach it through Ray's log streaming a line per update, so the jobs run
-  without theirs (``ray_task.without_bar``).
+  would reach it through Ray's log streaming a line per update, so the jobs print
+  a line at each tenth of their requests instead (``progress=lines``,
+  ``ray_task.without_bar``).
 """
 
 from __future__ import annotations
