@@ -19,15 +19,29 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised as an interrupt so that the work stops as on Ctrl-C."""
 
 
+_received = False  # whether the handler has fired since it was installed
+
+
 def _raise_terminated(signum, frame) -> None:
     """The handler: the first SIGTERM raises :class:`Terminated`, a second kills."""
+    global _received
+    _received = True
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     raise Terminated(f"signal {signal.Signals(signum).name}")
 
 
 def interrupt_on_sigterm() -> None:
     """From now on the first SIGTERM raises :class:`Terminated` in the main thread."""
+    global _received
+    _received = False
     signal.signal(signal.SIGTERM, _raise_terminated)
+
+
+def sigterm_received() -> bool:
+    """Whether a SIGTERM has raised :class:`Terminated` since
+    :func:`interrupt_on_sigterm`: code it interrupts may wrap it in an error of its
+    own (Hydra composing a job's config does), which is then the SIGTERM's."""
+    return _received
 
 
 @contextmanager

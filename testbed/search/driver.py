@@ -22,7 +22,7 @@ from testbed.search.report import SearchRecord, write_results
 from testbed.search.search import Launch, Outcome, Search
 from testbed.search.slo import parse_slos
 from testbed.search.space import SET_BY_SEARCH, Deployment, Space
-from testbed.signals import exit_status, interrupt_on_sigterm
+from testbed.signals import Terminated, exit_status, interrupt_on_sigterm, sigterm_received
 
 WHERE = "hydra.sweeper"
 
@@ -227,8 +227,13 @@ def run_search(settings_in, cfg: DictConfig, launcher, hydra_context, arguments:
     interrupted: BaseException | None = None
     try:
         search.run(logged(hydra_launch(launcher, common, per_instance), search))
-    except (KeyboardInterrupt, SystemExit) as e:  # SystemExit: a job's interrupt (run.py)
-        interrupted = e
+    except BaseException as e:
+        if sigterm_received():  # perhaps wrapped in another error by what it interrupted
+            interrupted = Terminated("signal SIGTERM")
+        elif isinstance(e, KeyboardInterrupt | SystemExit):  # SystemExit: a job's (run.py)
+            interrupted = e
+        else:
+            raise
     record.wall_s = time.perf_counter() - started
     record.interrupted = interrupted is not None
     results = write_results(sweep_dir, search, record)
