@@ -38,26 +38,21 @@ def interrupt_on_sigterm() -> None:
 
 
 def sigterm_received() -> bool:
-    """Whether a SIGTERM has raised :class:`Terminated` since
-    :func:`interrupt_on_sigterm`: code it interrupts may wrap it in an error of its
-    own (Hydra composing a job's config does), which is then the SIGTERM's."""
+    """Whether a SIGTERM has raised :class:`Terminated` since the handler was
+    installed (:func:`interrupt_on_sigterm`, :func:`sigterm_as_interrupt`): code it
+    interrupts may turn it into an error of its own (Hydra composing a job's config;
+    Ray's blocking calls, a plain KeyboardInterrupt), which is then the SIGTERM's."""
     return _received
 
 
 @contextmanager
-def sigterm_as_interrupt() -> Iterator[list[int]]:
+def sigterm_as_interrupt() -> Iterator[None]:
     """Within it the first SIGTERM raises :class:`Terminated` (a second kills), the
-    previous handler after. Yields the SIGTERMs received, for callers whose blocking
-    calls (Ray's) turn what a handler raises into a plain KeyboardInterrupt."""
-    received: list[int] = []
-
-    def handler(signum, frame):
-        received.append(signum)
-        _raise_terminated(signum, frame)
-
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous handler after; :func:`sigterm_received` says whether one came."""
+    previous = signal.getsignal(signal.SIGTERM)
+    interrupt_on_sigterm()
     try:
-        yield received
+        yield
     finally:
         signal.signal(signal.SIGTERM, previous)
 

@@ -40,7 +40,7 @@ from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrid
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from testbed.launchers.ray_task import job_dir, job_env, run_job_on_worker
-from testbed.signals import Terminated, exit_status, sigterm_as_interrupt
+from testbed.signals import Terminated, exit_status, sigterm_as_interrupt, sigterm_received
 
 # Every job's lines shown, as in a local sweep: Ray's driver would fold the lines of
 # different jobs that differ only in their numbers (it reads this when imported).
@@ -116,12 +116,13 @@ class RayLauncher(PluginRayLauncher):
                 context, config, task, state, env, cwd
             )
             jobs.append(Job(num, list(overrides), config, ref))
-        with sigterm_as_interrupt() as sigterms:
-            return self.wait(jobs, options["max_retries"], sigterms)
+        with sigterm_as_interrupt():
+            return self.wait(jobs, options["max_retries"])
 
-    def wait(self, jobs: list[Job], retries: int, sigterms: list[int]) -> list[JobReturn]:
-        """Each job's return as it ends; on an interrupt (Ctrl-C, or one of
-        ``sigterms``), cancel the rest and exit with the signal's status."""
+    def wait(self, jobs: list[Job], retries: int) -> list[JobReturn]:
+        """Each job's return as it ends; on an interrupt (Ctrl-C, or a SIGTERM,
+        which Ray's wait turns into a plain KeyboardInterrupt), cancel the rest and
+        exit with the signal's status."""
         returns: dict[int, JobReturn] = {}
         pending = {job.ref: job for job in jobs}
         bar = sweep_bar(jobs)
@@ -136,7 +137,7 @@ class RayLauncher(PluginRayLauncher):
         except KeyboardInterrupt as e:
             cancel(list(pending))
             print("interrupted", file=sys.stderr, flush=True)
-            raise SystemExit(exit_status(Terminated() if sigterms else e)) from None
+            raise SystemExit(exit_status(Terminated() if sigterm_received() else e)) from None
         finally:
             if bar is not None:
                 bar.close()
