@@ -10,8 +10,11 @@ prompt of 2,048 tokens; 4 decodes of contexts 12,000-16,000 (the kernel's keys
 in chunks). ``kernel_ms`` is the C++ kernel on every item of the batch, whatever
 the route would pick. For the decodes, the K/V bytes read per call over its
 time, against this machine's streaming read bandwidth measured in the same run
-(a sum over 200 MB): the memory floor. Median of repeats after warm-up;
-``torch.get_num_threads()`` threads.
+(a sum over 200 MB): the memory floor. Those caches fit in this CPU's L3, so a
+last row times what an engine's decode step does: 32 decodes of 760 keys
+through 8 layers' caches of their own (blocks of 32, 400 MB in float32), K/V
+read from memory. Median of repeats after warm-up; ``torch.get_num_threads()``
+threads.
 
     python benchmarks/cpu_attention_bench.py [--repeats 20] [--dtypes float32 bfloat16] \\
         [--out benchmarks/results/cpu_attention.json]
@@ -82,6 +85,41 @@ def shapes(gen: torch.Generator) -> dict[str, tuple[list[int], list[int]]]:
     }
 
 
+MEMORY_SHAPE = "32 decodes of 760 keys, 8 layers (from memory)"
+
+
+def decode_from_memory(dtype: torch.dtype, repeats: int, floor_bw: float) -> dict:
+    """A decode step's attention over 8 layers whose caches do not fit in cache."""
+    seqs, keys, layers, block = 32, 760, 8, 32
+    gen = torch.Generator().manual_seed(1)
+    per_seq = -(-keys // block)
+    caches = [
+        tuple(
+            torch.randn(seqs * per_seq, block, KV_HEADS, HEAD_DIM, generator=gen).to(dtype)
+            for _ in range(2)
+        )
+        for _ in range(layers)
+    ]
+    tables = torch.randperm(seqs * per_seq, generator=gen).view(seqs, per_seq).to(torch.int32)
+    query = torch.randn(seqs, HEADS, HEAD_DIM, generator=gen).to(dtype)
+    lens = torch.full((seqs,), keys, dtype=torch.int32)
+
+    def step():
+        for kc, vc in caches:
+            cpu_attention.paged_attention_decode(query, kc, vc, tables, lens, HEAD_DIM**-0.5)
+
+    kv_bytes = seqs * keys * KV_HEADS * HEAD_DIM * dtype.itemsize * 2 * layers
+    cpu_ms = median_s(step, repeats) * 1e3
+    return dict(
+        dtype=str(dtype).removeprefix("torch."),
+        shape=MEMORY_SHAPE,
+        kv_mb=kv_bytes / 1e6,
+        cpu_ms=cpu_ms,
+        cpu_read_gb_s=kv_bytes / cpu_ms / 1e6,
+        floor_ms=kv_bytes / floor_bw * 1e3,
+    )
+
+
 def call(route: str, query, kc, vc, tables, starts, lens, decode: bool):
     backend = reference if route == "reference" else cpu_attention
     if decode:
@@ -100,7 +138,7 @@ def main() -> None:
     if cpu_native.kernel() is None:
         raise SystemExit(f"no C++ kernel here: {cpu_native.unavailable_reason()}")
     floor_bw = read_bandwidth(args.repeats)
-    rows = []
+    rows, memory_rows = [], []
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)
         gen = torch.Generator().manual_seed(0)
@@ -123,6 +161,7 @@ def main() -> None:
                 row["cpu_read_gb_s"] = kv_bytes / row["cpu_ms"] / 1e6
                 row["floor_ms"] = kv_bytes / floor_bw * 1e3
             rows.append(row)
+        memory_rows.append(decode_from_memory(dtype, args.repeats, floor_bw))
     print(f"threads {torch.get_num_threads()}, streaming read {floor_bw / 1e9:.1f} GB/s")
     print(
         f"{'dtype':9} {'shape':44} {'K/V MB':>7} {'reference':>10} {'cpu-torch':>10} "
@@ -139,10 +178,15 @@ def main() -> None:
                 else ""
             )
         )
+    for r in memory_rows:
+        print(
+            f"{r['dtype']:9} {r['shape']:44} {r['kv_mb']:7.1f} {r['cpu_ms']:8.2f}ms (cpu route)"
+            f"   read {r['cpu_read_gb_s']:.1f} GB/s, floor {r['floor_ms']:.2f} ms"
+        )
     write_results(
         args.out,
         "cpu_attention",
-        rows,
+        rows + memory_rows,
         threads=torch.get_num_threads(),
         read_bandwidth_gb_s=floor_bw / 1e9,
         route=cpu_attention.route(),
