@@ -32,9 +32,9 @@ by op).
 
 Online: the first ``--online-requests`` requests of Azure conv (``trace=azure_conv``
 from the shared traces folder, lengths capped at the model's 2048 as
-``trace.max_model_len`` does) at 70% of capacity: the offline request
-throughput of the slower engine at its faster precision on those requests.
-Both engines replay the same arrivals (``testbed.engine.replay``; vLLM through
+``trace.max_model_len`` does) at 70% of capacity, per precision: the offline
+request throughput of the slower engine in that precision on those requests.
+In each precision both engines replay the same arrivals (``testbed.engine.replay``; vLLM through
 ``VllmEngine`` with the fcfs policy, as ``mode=vllm``); TTFT, TPOT, E2E and
 throughput as ``testbed.metrics`` defines them, medians over
 ``--online-repeats`` rounds.
@@ -304,6 +304,7 @@ class Measured:
     capacity: dict[tuple, float] = field(default_factory=dict)
     online: dict[tuple, list[dict]] = field(default_factory=lambda: defaultdict(list))
     online_info: dict[str, Any] = field(default_factory=dict)
+    online_rates: dict[str, dict] = field(default_factory=dict)  # by dtype
 
 
 def run_offline(engines: Engines, name: str, repeats: int, m: Measured) -> None:
@@ -342,31 +343,36 @@ def missing_trace(n: int) -> str | None:
 
 
 def run_online(engines: Engines, n: int, repeats: int, m: Measured) -> None:
-    """Capacity offline on the trace's requests, then both engines at ``LOAD`` of it."""
+    """Capacity offline on the trace's requests, then both engines at ``LOAD`` of
+    it, in each precision: the slower engine's capacity in that precision, so that
+    no precision replays past what either engine sustains."""
     reqs, _ = online_requests(n)
     prompts = [r.prompt_token_ids for r in reqs]
     outputs = [r.sampling_params.max_tokens for r in reqs]
     for side in engines.sides:
         for dtype in engines.dtypes:
             m.capacity[side, dtype] = len(reqs) / engines.generate(side, dtype, prompts, outputs)[0]
-    best = {s: max(m.capacity[s, d] for d in engines.dtypes) for s in engines.sides}
-    slower = min(best, key=best.get)
-    rate = LOAD * best[slower]
-    arrivals, notes = online_requests(n, rate)
-    m.online_info.update(
-        requests=len(reqs),
-        capacity_req_s=best[slower],
-        capacity_from=slower,
-        load=LOAD,
-        rate_req_s=rate,
-        trace_notes=notes,
-    )
-    print(f"  online: capacity {best[slower]:.2f} req/s ({slower}), replaying at {rate:.2f}")
+    m.online_info.update(requests=len(reqs), load=LOAD)
+    arrivals = {}
+    for dtype in engines.dtypes:
+        slower = min(engines.sides, key=lambda s: m.capacity[s, dtype])
+        rate = LOAD * m.capacity[slower, dtype]
+        arrivals[dtype], notes = online_requests(n, rate)
+        m.online_rates[dtype] = dict(
+            capacity_req_s=m.capacity[slower, dtype],
+            capacity_from=slower,
+            rate_req_s=rate,
+            trace_notes=notes,
+        )
+        print(
+            f"  online {dtype}: capacity {m.capacity[slower, dtype]:.2f} req/s ({slower}), "
+            f"replaying at {rate:.2f}"
+        )
     engines.prepare_replays()
     for r in range(repeats):
         for side in engines.order(r):
             for dtype in engines.dtypes:
-                result, extra = engines.replay(side, dtype, copy.deepcopy(arrivals))
+                result, extra = engines.replay(side, dtype, copy.deepcopy(arrivals[dtype]))
                 metrics = summarize(result)
                 extra["other_load_cores"] = engines.last_load
                 m.online[side, dtype].append({k: metrics[k] for k in ONLINE} | extra)
@@ -424,6 +430,7 @@ def online_rows(m: Measured) -> list[dict]:
                 engine=side,
                 dtype=dtype,
                 **m.online_info,
+                **m.online_rates.get(dtype, {}),
                 offline_capacity_req_s=m.capacity.get((side, dtype)),
                 **medians,
                 rounds=rounds,
@@ -480,12 +487,12 @@ def print_tables(rows: list[dict]) -> None:
     )
     online = [r for r in rows if r["kind"] == "online"]
     if online:
-        print(f"\nonline ({TRACE}, {online[0]['rate_req_s']:.2f} req/s), ms (E2E: s):")
+        print(f"\nonline ({TRACE}, 70% of each precision's capacity), ms (E2E: s):")
         ms = ONLINE[:4]
         table(
-            ["dtype", "engine", *ms, "e2e_s_mean", "e2e_s_p50", "out tok/s"],
+            ["dtype", "engine", "req/s", *ms, "e2e_s_mean", "e2e_s_p50", "out tok/s"],
             [
-                [r["dtype"], r["engine"]]
+                [r["dtype"], r["engine"], f"{r['rate_req_s']:.2f}"]
                 + [f"{1e3 * r[k]:.1f}" for k in ms]
                 + [f"{r[k]:.2f}" for k in ("e2e_s_mean", "e2e_s_p50")]
                 + [f"{r['throughput_output_tok_s']:.1f}"]
