@@ -587,8 +587,8 @@ void attend_tile(const int64_t* it, int64_t h0, int64_t nh, const Shapes& sh, fl
 // of at least kStepKeys (whole blocks), each step's K then its V (the softmax
 // folded step by step), the next step's K and V asked for a few lines between
 // each vector's scores and weighted sums. Measured (32 decodes of 760 keys, 2
-// cores, K/V from memory): 0.8x the time of three passes per chunk with each
-// next block asked for in one burst in float32, 0.6x in bfloat16.
+// cores, K/V from memory): about 0.85x the time of three passes per chunk with
+// each next block asked for in one burst in float32, 0.75x in bfloat16.
 template <typename T>
 void attend_few_rows(const int64_t* it, int64_t h0, int64_t nh, const Shapes& sh, float scale,
                      const T* q_base, T* o_base, const T* k_base, const T* v_base,
