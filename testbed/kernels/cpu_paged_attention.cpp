@@ -517,11 +517,11 @@ inline void unit_scores(const Scratch& w, int64_t r, const T* k, int64_t lim, co
   scores(w.q.data() + r * hd, k, sh.key_stride, lim, hd, s);
 }
 
-// A tile of a longer item (or any unit, where asked): its keys chunk by chunk,
-// three passes over each chunk's blocks: scores (each K block read once for all
-// query vectors, from cache after the first), exponentials against the running
-// maximum, then the weighted V rows. A tile's bfloat16 V blocks are paired once
-// for all its vectors where the CPU has dot pairs.
+// A tile of a longer item: its keys chunk by chunk, three passes over each
+// chunk's blocks: scores (each K block read once for all query vectors, from
+// cache after the first), exponentials against the running maximum, then the
+// weighted V rows. Its bfloat16 V blocks are paired once for all its vectors
+// where the CPU has dot pairs.
 template <typename T>
 void attend_tile(const int64_t* it, int64_t h0, int64_t nh, const Shapes& sh, float scale,
                  const T* q_base, T* o_base, const T* k_base, const T* v_base,
