@@ -601,7 +601,9 @@ void attend_few_rows(const int64_t* it, int64_t h0, int64_t nh, const Shapes& sh
   const int64_t n = start_unit(it, h0, nh, sh, scale, q_base, use_pairs, step, w);
   const int64_t off = h0 * hd, row_bytes = nh * hd * static_cast<int64_t>(sizeof(T));
   const int64_t stride_bytes = sh.key_stride * static_cast<int64_t>(sizeof(T));
-  const auto block = [&](int64_t t0) { return static_cast<int64_t>(table[t0 / bs]) * sh.block_stride + off; };
+  const auto block = [&](int64_t t0) {  // the offset of the block holding key t0
+    return static_cast<int64_t>(table[t0 / bs]) * sh.block_stride + off;
+  };
   for (int64_t s0 = 0; s0 < keys; s0 += step) {
     const int64_t s1 = std::min(keys, s0 + step);
     w.ahead.clear();
