@@ -34,10 +34,10 @@ Online: the first ``--online-requests`` requests of Azure conv (``trace=azure_co
 from the shared traces folder, lengths capped at the model's 2048 as
 ``trace.max_model_len`` does) at 70% of capacity, per precision: the offline
 request throughput of the slower engine in that precision on those requests.
-In each precision both engines replay the same arrivals (``testbed.engine.replay``; vLLM through
-``VllmEngine`` with the fcfs policy, as ``mode=vllm``); TTFT, TPOT, E2E and
-throughput as ``testbed.metrics`` defines them, medians over
-``--online-repeats`` rounds.
+In each precision both engines replay the same arrivals
+(``testbed.engine.replay``; vLLM through ``VllmEngine`` with the fcfs policy,
+as ``mode=vllm``); TTFT, TPOT, E2E and throughput as ``testbed.metrics``
+defines them, medians over ``--online-repeats`` rounds.
 
     python benchmarks/engine_vs_vllm.py [--workloads short long] [--dtypes float32 bfloat16]
         [--repeats 3] [--online-requests 100] [--online-repeats 1] [--no-online]

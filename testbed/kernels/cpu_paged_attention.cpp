@@ -436,6 +436,13 @@ inline void for_each_block(const T* cache, const int32_t* table, int64_t h0, int
   }
 }
 
+// Whether a unit's scores are dot pairs of bfloat16 queries and keys as stored
+// (the CPU has them, and head_dim fills whole 16-value pairs of registers).
+template <typename T>
+constexpr bool dot_pair_scores(int64_t head_dim) {
+  return kDotPairs && std::is_same_v<T, BF16> && head_dim % 16 == 0;
+}
+
 // Vector r of a unit of item `it` and KV heads h0 .. h0 + nh, ordered (KV head,
 // row, query head of it): fn(r, the query head's first value, the row).
 template <typename Fn>
@@ -531,7 +538,7 @@ void attend_tile(const int64_t* it, int64_t h0, int64_t nh, const Shapes& sh, fl
   const int64_t per_head = it[1] * sh.group;  // query vectors of one KV head
   const int64_t chunk = std::max<int64_t>(1, kChunkKeys / bs) * bs;
   const int64_t width = std::min(chunk, (keys + bs - 1) / bs * bs);
-  const bool use_pairs = kDotPairs && std::is_same_v<T, BF16> && hd % 16 == 0;
+  const bool use_pairs = dot_pair_scores<T>(hd);
   const int64_t n = start_unit(it, h0, nh, sh, scale, q_base, use_pairs, width, w);
   for (int64_t c0 = 0; c0 < keys; c0 += chunk) {
     const int64_t c1 = std::min(keys, c0 + chunk);
@@ -597,7 +604,7 @@ void attend_few_rows(const int64_t* it, int64_t h0, int64_t nh, const Shapes& sh
   const int32_t* table = tables + it[3] * sh.bt_stride;
   const int64_t per_head = it[1] * sh.group;
   const int64_t step = std::max<int64_t>(1, kStepKeys / bs) * bs;
-  const bool use_pairs = kDotPairs && std::is_same_v<T, BF16> && hd % 16 == 0;
+  const bool use_pairs = dot_pair_scores<T>(hd);
   const int64_t n = start_unit(it, h0, nh, sh, scale, q_base, use_pairs, step, w);
   const int64_t off = h0 * hd, row_bytes = nh * hd * static_cast<int64_t>(sizeof(T));
   const int64_t stride_bytes = sh.key_stride * static_cast<int64_t>(sizeof(T));
