@@ -61,6 +61,27 @@ inline __m256 exp8(__m256 x) {  // exp_nonpositive, 8 lanes
   return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
+#if defined(__AVX512F__)
+inline __m512 exp16(__m512 x) {  // exp_nonpositive, 16 lanes
+  const auto c = [](float v) { return _mm512_set1_ps(v); };
+  x = _mm512_max_ps(x, c(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, c(1.44269504088896341f), c(0.5f)),
+                                        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, c(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, c(-2.12194440e-4f), r);
+  __m512 p = c(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, c(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, c(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, c(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, c(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, c(5.0000001201e-1f));
+  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), c(1.0f));
+  const __m512i e = _mm512_slli_epi32(
+      _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+}
+#endif
+
 // 8 values as float32 lanes: bfloat16 is the upper half of a float32's bits.
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const BF16* p) {

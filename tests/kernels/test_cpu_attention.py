@@ -183,6 +183,32 @@ def test_the_kernel_on_any_head_dim_block_size_and_group(
     assert_close(out, expected, torch.float32)
 
 
+@pytest.mark.parametrize("head_dim", [16, 24, 64, 128])
+@pytest.mark.parametrize("block_size", [1, 5, 32])
+@pytest.mark.parametrize("group", [1, 4])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_float32_prompt_tiles_on_any_head_dim_block_size_and_group(
+    monkeypatch, head_dim, block_size, group, threads, native
+):
+    """float32 prompts in row tiles: tiles of 128 keys or more with head dims in
+    whole 16-value registers take their query vectors in lanes (AVX-512), the rest
+    dot products (a head dim of 24, a prompt of 40 tokens); prompts of ragged
+    lengths, a chunk after a prefix, blocks of one token and of more than the
+    kernel's 32-key steps, the keys past each sequence NaN."""
+    monkeypatch.setenv("TESTBED_CPU_KERNEL", "native")
+    torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(head_dim * 100 + block_size * 10 + group)
+    seq_lens = [150, 40, 333, 129, 3]
+    q_lens = [150, 40, 61, 129, 1]
+    case = make_case(seq_lens, 2, head_dim, block_size, torch.float32, g, unused="poison")
+    query, starts, expected = prefill_inputs(case, q_lens, 2 * group, g)
+    args = (case.key_cache, case.value_cache, case.block_tables, starts, case.seq_lens)
+    calls = _calls(monkeypatch)
+    out = cpu_attention.paged_attention_prefill(query, *args, head_dim**-0.5)
+    assert not calls  # every item through the kernel
+    assert_close(out, expected, torch.float32)
+
+
 @pytest.mark.parametrize("block_size", [5, 16])
 @pytest.mark.parametrize("threads", [1, 8])
 def test_the_kernel_over_contexts_of_several_chunks(monkeypatch, block_size, threads, native):
