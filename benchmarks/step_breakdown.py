@@ -7,7 +7,10 @@ hooks on the decoder's linear layers, and the engine's ``step`` wrapped to read
 each step's kind and the executor's own part timings. For CPUs: there every op
 is synchronous, so wall-clock intervals are the ops' costs (on a GPU the
 backend's syncs would slow the run it times). The hooks cost about a microsecond per linear call,
-which the shares include.
+which the shares include. Within the block a CPU model's layers run op by op
+(``cpu_layer_ops.layer_by_layer``), so that the hooks see each product: the
+engine's own runs take each layer in one C++ call, with the same ops and less
+Python between them.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from collections import defaultdict
 
 from torch import nn
 
+from testbed.engine.cpu_layer_ops import layer_by_layer
 from testbed.engine.cpu_linear import packed_linears
 from testbed.profiling.measure import TimedBackend
 
@@ -49,12 +53,15 @@ class StepBreakdown:
             self._hooks.append(module.register_forward_pre_hook(self._linear_start))
             self._hooks.append(module.register_forward_hook(self._linear_end))
         engine.step = self._timed_step
+        self._layers = layer_by_layer(executor.model)  # so the hooks see each product
+        self._layers.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
         self.llm.executor.backend, self.llm.engine.step = self._backend, self._step
         for h in self._hooks:
             h.remove()
+        self._layers.__exit__(*exc)
 
     def _linear_start(self, module, args) -> None:
         module._t0 = time.perf_counter()

@@ -222,6 +222,9 @@ class CausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.packed_head = None  # the LM head packed for a CPU (testbed/engine/cpu_linear.py)
+        # A CPU's whole decoder layer in one C++ call (testbed/engine/cpu_layer_ops.py),
+        # each layer's fixed arguments in its ``fused``; None: layer by layer.
+        self.layer_op = None
 
     def forward(self, input_ids, positions, meta: AttentionMetadata, kv_caches, backend):
         m = self.model
@@ -245,12 +248,34 @@ class CausalLM(nn.Module):
             return out
 
         h = None
+        items = self._fused_layer_items(meta, residual.shape[0], kv_caches, backend)
+        if items is not None:
+            cos, sin = m.rotary_emb.cos_sin(positions)
+            slots = meta.slot_mapping.long().contiguous()
+            tables = meta.block_tables.int().contiguous()
+            clock = getattr(backend, "clock", None)
+            for layer, (key_cache, value_cache) in zip(m.layers, kv_caches, strict=True):
+                attn = layer.self_attn
+                h = self.layer_op(
+                    residual, h, *layer.fused, cos, sin, key_cache, value_cache, slots,
+                    tables, items, attn.scale, clock,
+                )  # fmt: skip
+            return add_norm(h, m.norm)
         for layer, kv_cache in zip(m.layers, kv_caches, strict=True):
             first = layer.input_layernorm
             x = first(residual) if h is None else add_norm(h, first)
             h = layer.self_attn(x, positions, m.rotary_emb, meta, kv_cache, backend)
             h = layer.mlp(add_norm(h, layer.post_attention_layernorm))
         return m.norm(residual) if h is None else add_norm(h, m.norm)
+
+    def _fused_layer_items(self, meta, num_tokens: int, kv_caches, backend):
+        """The attention kernel's items where the layers run as one C++ call each: the
+        op is there, the backend is the CPU path (or a timer around it) and its kernel
+        takes every query row of the step; else None."""
+        native_items = getattr(getattr(backend, "backend", backend), "native_items", None)
+        if self.layer_op is None or native_items is None or not kv_caches:
+            return None
+        return native_items(meta, num_tokens, self.config.num_heads, kv_caches[0][0])
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.packed_head is not None:

@@ -60,14 +60,15 @@ KEY_COST_ROWS = 4
 # Which items the C++ kernel (``cpu_native``) takes where it is built: it reads
 # K/V through the block table, with no copy and no padding, and takes a long
 # item's rows in tiles that keep their scores in cache. Measured per layer on 2
-# cores (head_dim 64) against torch's fused attention: in bfloat16 it wins on
-# every shape (4 prompts of 1,000 tokens 0.56-0.64x torch's time, one of 2,048
-# 0.82x); in float32 it wins up to about 2^21 (row x key) pairs (4 prompts of
-# 1,000 0.67x) and is level past it (one prompt of 2,048, or a chunk of 512 rows
-# after 3,000 keys: 1.04x).
-NATIVE_ROWS = 16  # up to this many rows (decodes, verifications): always the kernel
-NATIVE_PAIRS = {torch.float32: 2**21}  # more rows: the kernel while rows x keys stays
-# within this (a dtype not listed: every item)
+# AVX-512 cores (head_dim 64) against torch's fused attention: in bfloat16 it wins
+# on every shape (4 prompts of 1,000 tokens 0.56-0.64x torch's time, one of 2,048
+# 0.82x); in float32, its query vectors in lanes, 0.72x for a chunk of 1,024 rows
+# after 1,024 keys, 0.74x for 512 rows after 3,000, 0.93x for two prompts of
+# 1,500 and level for one of 2,048. So it takes every item: a dtype listed in
+# NATIVE_PAIRS sends its items of more rows than NATIVE_ROWS and more (row x key)
+# pairs than its limit to torch's route instead.
+NATIVE_ROWS = 16
+NATIVE_PAIRS: dict[torch.dtype, int] = {}
 
 _WORKSPACES: dict[tuple, torch.Tensor] = {}  # (name, dtype, device) -> flat buffer
 
@@ -110,11 +111,13 @@ def paged_attention_decode(
     """One query token per sequence over its first ``context_lens[i]`` cached tokens
     (``torch_attention.paged_attention_decode``); a context of 0 gets zeros."""
 
-    def items():
-        return [Item(i, 1, n, i) for i, n in enumerate(context_lens.tolist()) if n > 0]
-
-    plan = _plan((block_tables, context_lens), query, key_cache, items)
+    items = _decode_items(context_lens)
+    plan = _plan((block_tables, context_lens), query.shape, query.dtype, key_cache, items)
     return _run(plan, query, key_cache, value_cache, block_tables, scale)
+
+
+def _decode_items(context_lens: torch.Tensor) -> Callable[[], list[Item]]:
+    return lambda: [Item(i, 1, n, i) for i, n in enumerate(context_lens.tolist()) if n > 0]
 
 
 def paged_attention_prefill(
@@ -132,6 +135,29 @@ def paged_attention_prefill(
     (``torch_attention.paged_attention_prefill``): sequence ``i``'s queries are the
     last ``q_len`` of its ``seq_lens[i]`` tokens."""
 
+    meta = (block_tables, query_start_loc, seq_lens)
+    items = _prefill_items(query_start_loc, seq_lens)
+    plan = _plan(meta, query.shape, query.dtype, key_cache, items)
+    return _run(plan, query, key_cache, value_cache, block_tables, scale)
+
+
+def native_items(meta, num_tokens: int, num_heads: int, key_cache: torch.Tensor):
+    """The C++ kernel's items for a step's attention (the same for every layer; ``meta``
+    the model's ``AttentionMetadata``), where the kernel takes every query row of it:
+    what the fused decoder layer (``cpu_decoder_layer.cpp``) runs. None where some row
+    takes torch's route or the kernel is not here."""
+    shape = (num_tokens, num_heads, key_cache.shape[3])
+    if meta.max_query_len == 1:
+        parts = (meta.block_tables, meta.seq_lens)
+        items = _decode_items(meta.seq_lens)
+    else:
+        parts = (meta.block_tables, meta.query_start_loc, meta.seq_lens)
+        items = _prefill_items(meta.query_start_loc, meta.seq_lens)
+    plan = _plan(parts, shape, key_cache.dtype, key_cache, items)
+    return plan.native if plan.covered and not plan.groups and plan.native is not None else None
+
+
+def _prefill_items(query_start_loc: torch.Tensor, seq_lens: torch.Tensor):
     def items():
         out = []
         starts = query_start_loc.tolist()
@@ -149,8 +175,7 @@ def paged_attention_prefill(
                 out.append(Item(s + a, b - a, n - q_len + b, i))
         return out
 
-    plan = _plan((block_tables, query_start_loc, seq_lens), query, key_cache, items)
-    return _run(plan, query, key_cache, value_cache, block_tables, scale)
+    return items
 
 
 class Item(NamedTuple):
@@ -197,20 +222,22 @@ class Plan(NamedTuple):
 _last_plan: tuple[tuple, Plan] | None = None  # (key, plan) of the last call
 
 
-def _plan(meta: tuple[torch.Tensor, ...], query, key_cache, items) -> Plan:
-    """The plan for this batch: the last call's where ``meta`` holds the same values
-    and the shapes are the same, as for every layer of a step. (Keyed on contents,
-    not identity: inference tensors keep no version counter to catch an in-place
-    change, and a few KB of bytes cost microseconds to compare.)"""
+def _plan(meta: tuple[torch.Tensor, ...], shape, dtype, key_cache, items) -> Plan:
+    """The plan for a batch of queries of ``shape`` and ``dtype``: the last call's
+    where ``meta`` holds the same values and the shapes are the same, as for every
+    layer of a step. (Keyed on contents, not identity: inference tensors keep no
+    version counter to catch an in-place change, and a few KB of bytes cost
+    microseconds to compare.)"""
     global _last_plan
     key = (
         tuple((tuple(t.shape), t.cpu().numpy().tobytes()) for t in meta),
-        tuple(query.shape),
+        tuple(shape),
         tuple(key_cache.shape),
         key_cache.device,
-        query.dtype,
+        dtype,
         key_cache.dtype,
-        kernel := _native_kernel(query, key_cache),
+        kernel := _native_kernel(key_cache) if dtype == key_cache.dtype else None,
+        NATIVE_PAIRS.get(dtype),  # the routing (benchmarks and tests change it)
     )
     if _last_plan is not None and _last_plan[0] == key:
         return _last_plan[1]
@@ -218,19 +245,19 @@ def _plan(meta: tuple[torch.Tensor, ...], query, key_cache, items) -> Plan:
     its = items()
     native = None
     if kernel is not None:
-        short = [it for it in its if _native_item(it, query.dtype)]
-        its = [it for it in its if not _native_item(it, query.dtype)]
+        short = [it for it in its if _native_item(it, dtype)]
+        its = [it for it in its if not _native_item(it, dtype)]
         if short:
             native = torch.tensor(short, dtype=torch.int64).reshape(-1, 4)
     block_size = key_cache.shape[1]
     bytes_per_key = 2 * key_cache.shape[2] * key_cache.shape[3] * key_cache.element_size()
     groups = [
-        _group(grp, block_tables, block_size, query.device)
+        _group(grp, block_tables, block_size, key_cache.device)
         for causal in (True, False)
         for grp in _groups([it for it in its if it.causal == causal], block_size, bytes_per_key)
     ]
     rows = sum(it.rows for it in its) + (int(native[:, 1].sum()) if native is not None else 0)
-    plan = Plan(groups, native, kernel, rows == len(query))
+    plan = Plan(groups, native, kernel, rows == shape[0])
     _last_plan = (key, plan)
     return plan
 
@@ -243,6 +270,8 @@ def _native_item(it: Item, dtype: torch.dtype) -> bool:
 def route() -> str:
     """How this path runs short queries here, for profile headers and reports."""
     if cpu_native.kernel() is not None:
+        if not NATIVE_PAIRS:
+            return "C++ kernel for every query"
         limits = ", ".join(f"{str(d).removeprefix('torch.')} {n}" for d, n in NATIVE_PAIRS.items())
         return (
             f"C++ kernel for queries of <= {NATIVE_ROWS} rows or row-key pairs within "

@@ -17,6 +17,7 @@
 // values once. Only sums may differ from torch's in their order. Rows are split
 // over torch's intra-op threads (at::parallel_for).
 
+#include "cpu_ops.h"
 #include "cpu_vec.h"
 
 #include <ATen/Parallel.h>

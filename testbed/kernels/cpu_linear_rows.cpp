@@ -19,6 +19,8 @@
 // threads. Where the CPU lacks the instructions, linear_rows_dtypes() leaves the
 // dtype out and the caller keeps oneDNN.
 
+#include "cpu_ops.h"
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -208,6 +210,8 @@ at::Tensor pack_linear_rows(const at::Tensor& weight) {
       .contiguous();
 }
 
+}  // namespace
+
 void linear_rows(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
                  const std::optional<at::Tensor>& bias) {
   const auto dtype = x.scalar_type();
@@ -244,8 +248,6 @@ void linear_rows(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
   }
 #endif
 }
-
-}  // namespace
 
 TORCH_LIBRARY_FRAGMENT(testbed_cpu, m) {
   m.def("linear_rows_dtypes() -> str[]", &linear_rows_dtypes);

@@ -1,7 +1,8 @@
 """The C++ paged-attention kernel for short queries on a CPU
 (``cpu_paged_attention.cpp``), a decoder layer's fused elementwise ops
-(``cpu_layer_ops.cpp``) and linear products for a few rows
-(``cpu_linear_rows.cpp``), compiled on first use and loaded as torch ops.
+(``cpu_layer_ops.cpp``), linear products for a few rows
+(``cpu_linear_rows.cpp``) and a whole decoder layer in one call
+(``cpu_decoder_layer.cpp``), compiled on first use and loaded as torch ops.
 
 It reads K/V through the block table (no gathered copy, no padding) for every
 query of a few rows in one call: decodes, speculative verifications, short
@@ -32,9 +33,14 @@ from testbed.host import cpu_fields
 
 SOURCES = [
     Path(__file__).with_name(n)
-    for n in ("cpu_paged_attention.cpp", "cpu_layer_ops.cpp", "cpu_linear_rows.cpp")
+    for n in (
+        "cpu_paged_attention.cpp",
+        "cpu_layer_ops.cpp",
+        "cpu_linear_rows.cpp",
+        "cpu_decoder_layer.cpp",
+    )
 ]
-HEADERS = [Path(__file__).with_name("cpu_vec.h")]
+HEADERS = [Path(__file__).with_name(n) for n in ("cpu_vec.h", "cpu_ops.h")]
 
 
 def _build_name() -> str:

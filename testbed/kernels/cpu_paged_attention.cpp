@@ -29,6 +29,7 @@
 // their last dimension contiguous, the caches to be contiguous. Rows not in any
 // item are left as they are.
 
+#include "cpu_ops.h"
 #include "cpu_vec.h"
 
 #include <ATen/Parallel.h>

@@ -1,7 +1,10 @@
 """The CPU engine's fast path: packed oneDNN linear layers (q/k/v and gate/up
-fused) and the fused C++ layer ops give what the plain torch modules give."""
+fused) and the fused C++ layer ops give what the plain torch modules give, and
+each decoder layer in one C++ call gives what those ops give one by one."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
@@ -11,6 +14,7 @@ from testbed.engine.factory import engine_model
 from testbed.engine.model import RMSNorm, RotaryEmbedding
 from testbed.engine.weights import build_model
 from testbed.kernels import cpu_attention, cpu_native
+from testbed.profiling.measure import TimedBackend
 from tests.engine.helpers import run_prefill
 
 PROMPT = [1, 17, 250, 3, 99, 42, 7, 7, 8, 120, 33, 5, 64, 200, 11, 2, 150, 6, 9, 10, 12, 13, 14]
@@ -102,3 +106,66 @@ def test_fused_ops_equal_the_torch_modules(native, dtype):
             step = want.float().abs().clamp_min(2**-20) * 2**-7
             assert ((got.float() - want.float()).abs() <= step).all()
             assert (got != want).float().mean() < 0.01
+
+
+def _counting(model) -> list[int]:
+    """Counts the model's one-call layers (its ``layer_op`` wrapped)."""
+    calls, op = [], model.layer_op
+
+    def counted(*args):
+        calls.append(1)
+        return op(*args)
+
+    model.layer_op = counted
+    return calls
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("chunk", [1, 5, None])  # decodes, short chunks, one prompt in tiles
+@pytest.mark.parametrize("qkv_bias", [False, True])
+def test_each_layer_in_one_call_is_the_layer_by_layer_forward_bit_for_bit(
+    native, dtype, chunk, qkv_bias
+):
+    if cpu_linear.unavailable_reason(dtype):
+        pytest.skip(cpu_linear.unavailable_reason(dtype))
+    cfg, _, _ = engine_model("dummy-llama")
+    model = build_model(replace(cfg, qkv_bias=qkv_bias), None, dtype, torch.device("cpu"), seed=3)
+    assert cpu_linear.pack(model) is None and cpu_layer_ops.enable(model) is None
+    assert model.layer_op is not None
+    calls = _counting(model)
+    fused = run_prefill(model, PROMPT, chunk=chunk, block_size=16, backend=cpu_attention)
+    chunks = len(range(0, len(PROMPT), chunk or len(PROMPT)))
+    assert len(calls) == chunks * cfg.num_layers
+    with cpu_layer_ops.layer_by_layer(model):
+        plain = run_prefill(model, PROMPT, chunk=chunk, block_size=16, backend=cpu_attention)
+    assert len(calls) == chunks * cfg.num_layers  # none while turned off
+    assert torch.equal(fused, plain)
+
+
+def test_one_call_layers_report_their_attention_time_to_a_timer(native):
+    model = _model(torch.float32, True)
+    calls = _counting(model)
+    timed = TimedBackend(cpu_attention, torch.device("cpu"))
+    run_prefill(model, PROMPT, chunk=5, block_size=16, backend=timed)
+    assert calls and timed.seconds > 0
+    timed.seconds = 0.0  # a new step's count
+    assert timed.seconds == 0.0
+
+
+def test_a_step_with_attention_on_torchs_route_runs_layer_by_layer(native, monkeypatch):
+    """A prompt longer than the kernel's float32 share takes torch's attention: that
+    step's layers run op by op, and give what they gave in one call each."""
+    model = _model(torch.float32, True)
+    want = run_prefill(model, PROMPT, block_size=16, backend=cpu_attention)
+    calls = _counting(model)
+    monkeypatch.setitem(cpu_attention.NATIVE_PAIRS, torch.float32, 100)  # 23 rows: torch's
+    got = run_prefill(model, PROMPT, block_size=16, backend=cpu_attention)
+    assert not calls
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_model_with_query_and_key_norms_runs_layer_by_layer(native):
+    cfg, _, _ = engine_model("dummy-llama")
+    model = build_model(replace(cfg, qk_norm=True), None, torch.float32, torch.device("cpu"), 3)
+    assert cpu_linear.pack(model) is None and cpu_layer_ops.enable(model) is None
+    assert model.layer_op is None

@@ -138,15 +138,17 @@ def test_buffers_first_made_under_inference_mode_serve_calls_outside_it(torch_pa
     assert_close(cpu_attention.paged_attention_decode(query, *args), expected, torch.float32)
 
 
-def test_every_short_query_of_a_step_is_one_kernel_call(monkeypatch, native):
-    """Decodes, verifications (a token and its drafts after a context) and short
-    prompts: one call of the C++ kernel, no fused attention call and no gathered
-    copy; a float32 prompt past the kernel's limit still goes to torch's fused
-    attention."""
+@pytest.mark.parametrize("limit", [None, 2**21])
+def test_every_query_of_a_step_is_one_kernel_call(monkeypatch, native, limit):
+    """Decodes, verifications (a token and its drafts after a context), prompts
+    short and long: one call of the C++ kernel, no fused attention call and no
+    gathered copy; with a limit of (row x key) pairs for float32, a prompt past it
+    goes to torch's fused attention instead."""
+    if limit is not None:
+        monkeypatch.setitem(cpu_attention.NATIVE_PAIRS, torch.float32, limit)
     g = torch.Generator().manual_seed(11)
     seq_lens = [300, 41, 517, 12, 64, 1500, 5, 33]
     q_lens = [1, 4, 4, 12, 64, 1500, 5, 1]  # decode, verifications, prompts, one long
-    assert cpu_attention.NATIVE_PAIRS[torch.float32] < 1500 * 1500
     case = make_case(seq_lens, 2, 64, 16, torch.float32, g, unused="poison")
     query, starts, expected = prefill_inputs(case, q_lens, 8, g)
     args = (case.key_cache, case.value_cache, case.block_tables, starts, case.seq_lens, 0.125)
@@ -157,8 +159,9 @@ def test_every_short_query_of_a_step_is_one_kernel_call(monkeypatch, native):
     out = cpu_attention.paged_attention_prefill(query, *args)
     assert_close(out, expected, torch.float32)
     assert len(kernel_calls) == 1
-    assert kernel_calls[0][5][:, 1].tolist() == [q for q in q_lens if q < 1500]
-    assert [c[0] for c in calls] == [1]  # the long prompt, alone
+    long = [] if limit is None else [1500]
+    assert kernel_calls[0][5][:, 1].tolist() == [q for q in q_lens if q not in long]
+    assert [c[0] for c in calls] == [1 for _ in long]  # the long prompt, alone
 
 
 @pytest.mark.parametrize("head_dim", [8, 12, 64, 128])
