@@ -14,7 +14,7 @@ import torch
 from policies import make_policy
 from testbed.core import EngineCore, Request, SamplingParams, SchedulerConfig, WallClock
 from testbed.core.kv_connector import PDConnector
-from testbed.engine import cpu_layer_ops, cpu_linear
+from testbed.engine import cpu_layer_ops, cpu_linear, cpu_memory
 from testbed.engine.args import CPU_KV_CACHE_BYTES, EngineArgs
 from testbed.engine.batch import flatten
 from testbed.engine.device import pick_device, pick_dtype, pin_cpus
@@ -141,6 +141,7 @@ def build_engine(
     if device.type == "cpu":
         cpu_linear.pack(model)  # where it cannot, F.linear runs (cpu_linear.route says why)
         cpu_layer_ops.enable(model)  # where it cannot, the torch modules run
+        cpu_memory.keep_freed_memory()  # where it cannot (not glibc), malloc's defaults
     spec = ModelSpec.from_hf_config(cfg.raw, name=name)
     dtype_name = str(dtype).removeprefix("torch.")
     max_len = args.max_model_len or cfg.max_model_len
