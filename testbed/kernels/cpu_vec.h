@@ -24,17 +24,19 @@ inline float widen(BF16 x) { return static_cast<float>(x); }
 
 // exp(x) for x <= 0 (scores less their maximum): 2^n times a degree-6 polynomial
 // of the remainder (Cephes' expf, relative error about 1e-7); below -87 it gives
-// about 1e-38 rather than 0.
+// about 1e-38 rather than 0. Its constants, shared by the scalar and vector forms:
+constexpr float kExpFloor = -87.0f;
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;  // ln 2 in two parts
+constexpr float kExpPoly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                               4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+
 inline float exp_nonpositive(float x) {
-  x = std::max(x, -87.0f);
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
+  x = std::max(x, kExpFloor);
+  const float n = std::floor(x * kLog2e + 0.5f);
+  const float r = x - n * kLn2Hi - n * kLn2Lo;
+  float p = kExpPoly[0];
+  for (int i = 1; i < 6; ++i) p = p * r + kExpPoly[i];
   const float y = p * r * r + r + 1.0f;
   const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
   float two_n;
@@ -44,18 +46,13 @@ inline float exp_nonpositive(float x) {
 
 #if defined(__AVX2__) && defined(__FMA__)
 inline __m256 exp8(__m256 x) {  // exp_nonpositive, 8 lanes
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-  const __m256 n = _mm256_floor_ps(
-      _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+  const auto c = [](float v) { return _mm256_set1_ps(v); };
+  x = _mm256_max_ps(x, c(kExpFloor));
+  const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, c(kLog2e), c(0.5f)));
+  const __m256 r = _mm256_fnmadd_ps(n, c(kLn2Lo), _mm256_fnmadd_ps(n, c(kLn2Hi), x));
+  __m256 p = c(kExpPoly[0]);
+  for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, r, c(kExpPoly[i]));
+  const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), c(1.0f));
   const __m256i e = _mm256_slli_epi32(
       _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
@@ -64,17 +61,12 @@ inline __m256 exp8(__m256 x) {  // exp_nonpositive, 8 lanes
 #if defined(__AVX512F__)
 inline __m512 exp16(__m512 x) {  // exp_nonpositive, 16 lanes
   const auto c = [](float v) { return _mm512_set1_ps(v); };
-  x = _mm512_max_ps(x, c(-87.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, c(1.44269504088896341f), c(0.5f)),
+  x = _mm512_max_ps(x, c(kExpFloor));
+  const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, c(kLog2e), c(0.5f)),
                                         _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, c(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, c(-2.12194440e-4f), r);
-  __m512 p = c(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, c(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, c(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, c(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, c(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, c(5.0000001201e-1f));
+  const __m512 r = _mm512_fnmadd_ps(n, c(kLn2Lo), _mm512_fnmadd_ps(n, c(kLn2Hi), x));
+  __m512 p = c(kExpPoly[0]);
+  for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, r, c(kExpPoly[i]));
   const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), c(1.0f));
   const __m512i e = _mm512_slli_epi32(
       _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
