@@ -159,7 +159,16 @@ void rotary_rows(T* out, const T* x, const float* cos, const float* sin, int64_t
       for (int64_t h = 0; h < heads; ++h) {
         const T* xr = x + t * s0 + h * s1;
         T* orow = out + (t * heads + h) * d;
-        for (int64_t i = 0; i < half; ++i) {
+        int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+        for (; i + 8 <= half; i += 8) {
+          const __m256 a = load8(xr + i), b = load8(xr + i + half);
+          store8(orow + i, _mm256_fmsub_ps(a, load8(c + i), _mm256_mul_ps(b, load8(s + i))));
+          store8(orow + i + half,
+                 _mm256_fmadd_ps(b, load8(c + i + half), _mm256_mul_ps(a, load8(s + i + half))));
+        }
+#endif
+        for (; i < half; ++i) {
           const float a = widen(xr[i]), b = widen(xr[i + half]);
           orow[i] = static_cast<T>(a * c[i] - b * s[i]);
           orow[i + half] = static_cast<T>(b * c[i + half] + a * s[i + half]);

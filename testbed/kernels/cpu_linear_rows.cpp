@@ -20,6 +20,7 @@
 // dtype out and the caller keeps oneDNN.
 
 #include "cpu_ops.h"
+#include "cpu_vec.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -60,14 +61,12 @@ void group_f32(const float* x, int64_t K, const float* w, float* acc) {
     for (int j = 0; j < 4; ++j) s[m][j] = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; ++k) {
     const float* wk = w + k * kCols;
-    const __m512 w0 = _mm512_loadu_ps(wk), w1 = _mm512_loadu_ps(wk + 16);
-    const __m512 w2 = _mm512_loadu_ps(wk + 32), w3 = _mm512_loadu_ps(wk + 48);
+    __m512 wv[4];
+    for (int j = 0; j < 4; ++j) wv[j] = _mm512_loadu_ps(wk + 16 * j);
+    if constexpr (M > 1) testbed_cpu_vec::pin(wv);  // each is used M times
     for (int m = 0; m < M; ++m) {
       const __m512 b = _mm512_set1_ps(x[m * K + k]);
-      s[m][0] = _mm512_fmadd_ps(w0, b, s[m][0]);
-      s[m][1] = _mm512_fmadd_ps(w1, b, s[m][1]);
-      s[m][2] = _mm512_fmadd_ps(w2, b, s[m][2]);
-      s[m][3] = _mm512_fmadd_ps(w3, b, s[m][3]);
+      for (int j = 0; j < 4; ++j) s[m][j] = _mm512_fmadd_ps(wv[j], b, s[m][j]);
     }
   }
   for (int m = 0; m < M; ++m)

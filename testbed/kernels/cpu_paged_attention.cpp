@@ -622,6 +622,7 @@ inline void lane_scores(const float* k, int64_t stride, const float* qt, int64_t
   for (int64_t d = 0; d < hd; ++d) {
     __m512 q[VC];
     for (int c = 0; c < VC; ++c) q[c] = _mm512_loadu_ps(qt + d * np + 16 * c);
+    testbed_cpu_vec::pin(q);
     for (int kk = 0; kk < KB; ++kk) {
       const __m512 kv = _mm512_set1_ps(k[kk * stride + d]);
       for (int c = 0; c < VC; ++c) a[kk][c] = _mm512_fmadd_ps(kv, q[c], a[kk][c]);
@@ -671,6 +672,7 @@ inline void lane_weighted(float* o, int64_t hd, const float* p, int64_t np, cons
   for (int64_t t = 0; t < count; ++t) {
     __m512 x[R];
     for (int r = 0; r < R; ++r) x[r] = _mm512_loadu_ps(v + t * stride + 16 * r);
+    testbed_cpu_vec::pin(x);
     for (int b = 0; b < VB; ++b) {
       const __m512 pt = _mm512_set1_ps(p[t * np + b]);
       for (int r = 0; r < R; ++r) a[b][r] = _mm512_fmadd_ps(pt, x[r], a[b][r]);

@@ -108,6 +108,26 @@ def test_fused_ops_equal_the_torch_modules(native, dtype):
             assert (got != want).float().mean() < 0.01
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [8, 24, 64])  # halves of 4, 12 (8 lanes and 4), 32
+def test_fused_rotary_equals_torchs_on_any_head_dim(native, dtype, head_dim):
+    g = torch.Generator().manual_seed(1)
+    cfg, _, _ = engine_model("dummy-llama")
+    rope = RotaryEmbedding(replace(cfg, head_dim=head_dim))
+    positions = torch.randint(0, 2000, (29,), generator=g)
+    qkv = torch.randn(29, 3, 5, head_dim, generator=g).to(dtype)
+    k = qkv[:, 1]  # rows apart, as split from a fused product
+    want = rope(positions, k)[0]
+    rope.ops = cpu_native.layer_ops()
+    got = rope(positions, k)[0]
+    assert got.dtype == dtype and got.shape == want.shape
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    else:  # rounded once, as torch rounds: at most one bfloat16 step apart
+        step = want.float().abs().clamp_min(2**-20) * 2**-7
+        assert ((got.float() - want.float()).abs() <= step).all()
+
+
 def _counting(model) -> list[int]:
     """Counts the model's one-call layers (its ``layer_op`` wrapped)."""
     calls, op = [], model.layer_op
