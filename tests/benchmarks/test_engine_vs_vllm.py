@@ -164,7 +164,14 @@ def test_an_interrupted_run_writes_what_it_measured(tmp_path):
     env = {**os.environ, "TESTBED_VLLM_VENV": str(tmp_path / "none")}
     cmd = [sys.executable, str(SCRIPT), *TINY, "--repeats", "1000", "--out", str(out)]
     proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        # a shell's background job inherits SIGINT ignored, and so would the script
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     for line in proc.stdout:
         if "round 1 " in line:
