@@ -179,8 +179,9 @@ def vllm_round(python: Path, folder: Path, threads: int, repeats: int) -> dict:
 def table(rows: list[dict]) -> None:
     print(f"\n{'dtype':9s} {'shape':30s} {'ours ms':>8s} {'vLLM ms':>8s} {'ours/vLLM':>9s}")
     for row in rows:
-        theirs = f"{row['vllm_ms']:8.2f} {row['ours_over_vllm']:8.2f}x" if "vllm_ms" in row else ""
-        print(f"{row['dtype']:9s} {row['shape']:30s} {row['ours_ms']:8.2f} {theirs}")
+        cells = [f"{row[k]:8.2f}" if k in row else f"{'-':>8s}" for k in ("ours_ms", "vllm_ms")]
+        ratio = f"{row['ours_over_vllm']:8.2f}x" if "ours_over_vllm" in row else ""
+        print(f"{row['dtype']:9s} {row['shape']:30s} {' '.join(cells)} {ratio}")
 
 
 def main() -> None:
@@ -216,22 +217,26 @@ def main() -> None:
         for seed, (name, (keys, rows)) in enumerate(shapes().items())
     }
     rounds: dict[str, list[dict]] = {"ours": [], "vllm": []}
+    our_outputs, their_outputs, interrupted = {}, {}, False
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         torch.save(cases, folder / "inputs.pt")
-        for r in range(args.rounds):
-            for side in ("ours", "vllm") if r % 2 == 0 else ("vllm", "ours"):
-                if side == "ours":
-                    times, our_outputs = measure("ours", cases, args.repeats)
-                elif python:
-                    times = {
-                        tuple(k): v for k, v in vllm_round(python, folder, threads, args.repeats)
-                    }
-                else:
-                    continue
-                rounds[side].append(times)
-                print(f"round {r}: {side} done", flush=True)
-        their_outputs = torch.load(folder / "vllm_outputs.pt") if python else {}
+        try:
+            for r in range(args.rounds):
+                for side in ("ours", "vllm") if r % 2 == 0 else ("vllm", "ours"):
+                    if side == "ours":
+                        times, our_outputs = measure("ours", cases, args.repeats)
+                    elif python:
+                        got = vllm_round(python, folder, threads, args.repeats)
+                        times = {tuple(k): v for k, v in got}
+                        their_outputs = torch.load(folder / "vllm_outputs.pt")
+                    else:
+                        continue
+                    rounds[side].append(times)
+                    print(f"round {r}: {side} done", flush=True)
+        except KeyboardInterrupt:
+            interrupted = True
+            print("\ninterrupted: writing the rounds measured so far")
     rows = []
     for (dtype, name), tensors in cases.items():
         keys, rows_ = tensors["lens"].tolist(), (tensors["starts"].diff()).tolist()
@@ -241,11 +246,13 @@ def main() -> None:
                 row[f"{side}_ms_rounds"] = [run[(dtype, name)] for run in runs]
                 row[f"{side}_ms"] = statistics.median(row[f"{side}_ms_rounds"])
                 row[f"{side}_gflop_s"] = row["gflop"] / row[f"{side}_ms"] * 1e3
-        if python:
+        if "ours_ms" in row and "vllm_ms" in row:
             row["ours_over_vllm"] = row["ours_ms"] / row["vllm_ms"]
-            diff = our_outputs[(dtype, name)].float() - their_outputs[(dtype, name)].float()
-            row["max_abs_diff"] = diff.abs().max().item()
-            row["max_abs"] = our_outputs[(dtype, name)].float().abs().max().item()
+            ours_out = our_outputs[(dtype, name)].float()
+            row["max_abs_diff"] = (
+                (ours_out - their_outputs[(dtype, name)].float()).abs().max().item()
+            )
+            row["max_abs"] = ours_out.abs().max().item()
         rows.append(row)
     table(rows)
     write_results(
@@ -256,7 +263,10 @@ def main() -> None:
         rounds=args.rounds,
         repeats=args.repeats,
         vllm_skipped=skipped,
+        interrupted=interrupted,
     )
+    if interrupted:
+        sys.exit(130)  # as a shell reports an interrupted command
 
 
 if __name__ == "__main__":

@@ -1,12 +1,13 @@
 """benchmarks/attention_vs_vllm.py: the inputs it makes, our side alone where vLLM's
-environment is missing (saying why), and both kernels giving the same outputs
-where it is set up."""
+environment is missing (saying why), an interrupted run writing the rounds it
+measured, and both kernels giving the same outputs where it is set up."""
 
 from __future__ import annotations
 
 import importlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -80,3 +81,28 @@ def test_both_kernels_give_the_same_attention(tmp_path):
         # at the largest output (each kernel rounds its weights and outputs)
         bound = 1e-4 if row["dtype"] == "float32" else 2 * 2**-7 * row["max_abs"]
         assert row["max_abs_diff"] <= bound, row
+
+
+@pytest.mark.slow
+def test_an_interrupted_run_writes_the_rounds_it_measured(tmp_path):
+    out = tmp_path / "out.json"
+    env = {**os.environ, "TESTBED_VLLM_VENV": str(tmp_path / "none")}
+    cmd = [sys.executable, str(SCRIPT), "--rounds", "1000", "--repeats", "1", "--out", str(out)]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    for line in proc.stdout:
+        if "round 1: ours done" in line:
+            proc.send_signal(signal.SIGINT)  # as Ctrl-C does
+            break
+    rest = proc.stdout.read()
+    assert proc.wait(timeout=120) == 130, rest[-3000:]
+    result = json.loads(out.read_text())
+    assert result["meta"]["interrupted"] is True
+    assert all(len(row["ours_ms_rounds"]) >= 2 for row in result["rows"])
