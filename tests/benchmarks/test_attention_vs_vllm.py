@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 import torch
 
 from testbed.vllm_backend import install
+from tests.benchmarks.helpers import interrupt_after
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "attention_vs_vllm.py"
@@ -88,21 +88,8 @@ def test_an_interrupted_run_writes_the_rounds_it_measured(tmp_path):
     out = tmp_path / "out.json"
     env = {**os.environ, "TESTBED_VLLM_VENV": str(tmp_path / "none")}
     cmd = [sys.executable, str(SCRIPT), "--rounds", "1000", "--repeats", "1", "--out", str(out)]
-    proc = subprocess.Popen(
-        cmd,
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    for line in proc.stdout:
-        if "round 1: ours done" in line:
-            proc.send_signal(signal.SIGINT)  # as Ctrl-C does
-            break
-    rest = proc.stdout.read()
-    assert proc.wait(timeout=120) == 130, rest[-3000:]
+    status, rest = interrupt_after(cmd, "round 1: ours done", env)
+    assert status == 130, rest[-3000:]
     result = json.loads(out.read_text())
     assert result["meta"]["interrupted"] is True
     assert all(len(row["ours_ms_rounds"]) >= 2 for row in result["rows"])

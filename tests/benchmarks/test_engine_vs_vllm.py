@@ -9,7 +9,6 @@ import importlib
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ import pytest
 
 from testbed.vllm_backend import install
 from testbed.vllm_backend.offline import forward_split, op_part
+from tests.benchmarks.helpers import interrupt_after
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "engine_vs_vllm.py"
@@ -163,22 +163,8 @@ def test_an_interrupted_run_writes_what_it_measured(tmp_path):
     out = tmp_path / "out.json"
     env = {**os.environ, "TESTBED_VLLM_VENV": str(tmp_path / "none")}
     cmd = [sys.executable, str(SCRIPT), *TINY, "--repeats", "1000", "--out", str(out)]
-    proc = subprocess.Popen(
-        cmd,
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        # a shell's background job inherits SIGINT ignored, and so would the script
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    for line in proc.stdout:
-        if "round 1 " in line:
-            proc.send_signal(signal.SIGINT)  # as Ctrl-C does
-            break
-    rest = proc.stdout.read()
-    assert proc.wait(timeout=120) == 130, rest[-3000:]
+    status, rest = interrupt_after(cmd, "round 1 ", env)
+    assert status == 130, rest[-3000:]
     result = json.loads(out.read_text())
     assert result["meta"]["interrupted"] is True
     (row,) = [r for r in result["rows"] if r["kind"] == "offline"]
