@@ -28,10 +28,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
+from timing import median_s
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK, NUM_BLOCKS = 8, 4, 64, 32, 2048
 DTYPES = ("float32", "bfloat16")
@@ -143,17 +143,6 @@ def vllm(t: dict):
     return call
 
 
-def median_ms(fn, repeats: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
-
-
 def measure(side: str, cases: dict, repeats: int) -> tuple[dict, dict]:
     """({case: ms}, {case: output}) for one side, in this process."""
     build = ours if side == "ours" else vllm
@@ -161,7 +150,7 @@ def measure(side: str, cases: dict, repeats: int) -> tuple[dict, dict]:
     for case, tensors in cases.items():
         fn = build(tensors)
         outputs[case] = fn().clone()
-        times[case] = median_ms(fn, repeats)
+        times[case] = median_s(fn, repeats, warmup=3) * 1e3
     return times, outputs
 
 

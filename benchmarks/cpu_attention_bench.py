@@ -24,29 +24,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 from unittest import mock
 
 import torch
 from common import write_results
+from timing import median_s
 
 from testbed.kernels import cpu_attention, cpu_native
 from testbed.kernels import torch_attention as reference
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK, NUM_BLOCKS = 8, 4, 64, 16, 4096
 ROUTES = ("reference", "cpu-torch", "cpu", "kernel")
-
-
-def median_s(fn, repeats: int) -> float:
-    fn()
-    fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def read_bandwidth(repeats: int) -> float:
