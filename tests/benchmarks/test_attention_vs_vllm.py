@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import pytest
 import torch
 
 from testbed.vllm_backend import install
-from tests.benchmarks.helpers import interrupt_after
+from tests.benchmarks.helpers import interrupt_after, run_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "attention_vs_vllm.py"
@@ -46,18 +45,7 @@ def test_flops_count_the_keys_each_query_row_sees(bench):
 
 
 def run(tmp_path: Path, env: dict | None = None) -> dict:
-    out = tmp_path / "out.json"
-    cmd = [sys.executable, str(SCRIPT), "--rounds", "1", "--repeats", "1", "--out", str(out)]
-    proc = subprocess.run(
-        cmd,
-        cwd=ROOT,
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return {"stdout": proc.stdout, **json.loads(out.read_text())}
+    return run_script(SCRIPT, tmp_path, "--rounds", "1", "--repeats", "1", env=env)
 
 
 @pytest.mark.slow

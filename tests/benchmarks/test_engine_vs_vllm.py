@@ -9,7 +9,6 @@ import importlib
 import json
 import math
 import os
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,7 +17,7 @@ import pytest
 
 from testbed.vllm_backend import install
 from testbed.vllm_backend.offline import forward_split, op_part
-from tests.benchmarks.helpers import interrupt_after
+from tests.benchmarks.helpers import interrupt_after, run_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "engine_vs_vllm.py"
@@ -96,17 +95,7 @@ def test_vllm_shares_compose_the_parts_of_each_step(bench):
 
 
 def run(tmp_path: Path, *args: str, env: dict | None = None) -> dict:
-    out = tmp_path / "out.json"
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), *args, "--out", str(out)],
-        cwd=ROOT,
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return {"stdout": proc.stdout, **json.loads(out.read_text())}
+    return run_script(SCRIPT, tmp_path, *args, env=env)
 
 
 def check_offline(row: dict, rounds: int) -> None:
